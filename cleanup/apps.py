@@ -1,0 +1,10 @@
+from django.apps import AppConfig
+
+
+class CleanupConfig(AppConfig):
+    name = "cleanup"
+    verbose_name = "Cleanup"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from cleanup import checks, receivers  # noqa: F401  (registers checks and signals)

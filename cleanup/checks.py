@@ -1,0 +1,87 @@
+"""System checks for the cleanup engine's settings and registered policies."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core import checks
+from django.db import DEFAULT_DB_ALIAS, router
+from django.db.models.deletion import Collector
+from django.utils import timezone
+
+from cleanup.policies import all_policies
+
+
+@checks.register(checks.Tags.database, checks.Tags.compatibility)
+def check_queue_settings(app_configs=None, **kwargs):
+    errors = []
+    q_cluster = getattr(settings, "Q_CLUSTER", {})
+    timeout, retry = q_cluster.get("timeout"), q_cluster.get("retry", 60)
+    if not timeout or timeout >= retry:
+        errors.append(
+            checks.Error(
+                f"Q_CLUSTER retry ({retry}) must exceed timeout ({timeout}).",
+                hint="Otherwise a chunk still running is handed out again and runs twice "
+                "at once. Set timeout above the slowest chunk and retry above timeout.",
+                id="cleanup.E001",
+            )
+        )
+    if q_cluster.get("orm") not in (None, DEFAULT_DB_ALIAS):
+        errors.append(
+            checks.Error(
+                f"Q_CLUSTER orm is {q_cluster.get('orm')!r}; it must be the models' alias "
+                f"{DEFAULT_DB_ALIAS!r}.",
+                hint="Runs, chunks and their messages commit in one transaction only on one "
+                "alias, and schedules on another alias fire on every scheduler pass.",
+                id="cleanup.E002",
+            )
+        )
+    if q_cluster.get("catch_up", True):
+        errors.append(
+            checks.Warning(
+                "Q_CLUSTER catch_up is on: after an outage one run is started per missed slot.",
+                hint="Set 'catch_up': False; one late run covers the whole backlog.",
+                id="cleanup.W001",
+            )
+        )
+    return errors
+
+
+@checks.register(checks.Tags.models)
+def check_policies(app_configs=None, **kwargs):
+    errors = []
+    for policy in all_policies():
+        try:
+            rows = policy.eligible_rows(timezone.now())
+        except LookupError as exc:
+            errors.append(
+                checks.Error(
+                    f"Policy {policy.name!r} names an unknown model: {exc}",
+                    id="cleanup.E003",
+                )
+            )
+            continue
+        using = router.db_for_write(policy.model)
+        if not Collector(using=using, origin=rows).can_fast_delete(rows):
+            errors.append(
+                checks.Error(
+                    f"Policy {policy.name!r}: {policy.model_label} cannot be deleted in one "
+                    "statement (it has delete signals or relations that cascade).",
+                    hint="Django would SELECT the rows and DELETE them by pk, which deletes "
+                    "a row renewed in between. Remove the signal receivers or the "
+                    "CASCADE/SET_NULL foreign keys pointing at this model.",
+                    obj=policy.model,
+                    id="cleanup.E004",
+                )
+            )
+        if len(rows.query.alias_map) > 1:
+            errors.append(
+                checks.Error(
+                    f"Policy {policy.name!r}: its eligibility filter joins another table.",
+                    hint="The DELETE would use WHERE pk IN (SELECT ...), which PostgreSQL "
+                    "does not re-check against a row renewed concurrently. Filter on the "
+                    "model's own columns only.",
+                    obj=policy.model,
+                    id="cleanup.E005",
+                )
+            )
+    return errors

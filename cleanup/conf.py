@@ -1,0 +1,39 @@
+"""The engine's settings, read lazily from django.conf.settings under CLEANUP_*."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+DEFAULTS = {
+    # A chunk whose deliveries keep starting without completing (its worker killed,
+    # or transient errors outlasting the in-task retries) is dead-lettered when this
+    # many earlier deliveries never completed.
+    "MAX_UNFINISHED_DELIVERIES": 5,
+    # Transient database errors retried inside one delivery before giving it back to
+    # the broker, which only redelivers after its lease.
+    "TRANSIENT_RETRIES": 3,
+    # Base of the jittered exponential backoff between in-task retries, in seconds.
+    "TRANSIENT_BACKOFF": 0.2,
+    # PostgreSQL lock_timeout for a chunk's transaction, in milliseconds: a DELETE
+    # stuck behind a long renewal gives up and is retried rather than hanging.
+    "LOCK_TIMEOUT_MS": 5000,
+}
+
+
+class PrefixedSettings:
+    """Attribute access to <PREFIX>_<NAME> in settings, falling back to defaults.
+
+    Read on every access, so the pytest ``settings`` fixture and override_settings work.
+    """
+
+    def __init__(self, prefix: str, defaults: dict):
+        self._prefix = prefix
+        self._defaults = defaults
+
+    def __getattr__(self, name: str):
+        if name.startswith("_") or name not in self._defaults:
+            raise AttributeError(name)
+        return getattr(settings, f"{self._prefix}_{name}", self._defaults[name])
+
+
+conf = PrefixedSettings("CLEANUP", DEFAULTS)

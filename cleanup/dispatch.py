@@ -1,0 +1,186 @@
+"""Start a run: freeze its cutoff, plan its chunks and send them, all in one transaction."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+import structlog
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+from django_q.conf import Conf
+from django_q.tasks import async_task
+
+from cleanup import messages
+from cleanup.cutoffs import frozen_cutoff
+from cleanup.models import Chunk, Run
+from cleanup.planning import PlannedChunk, plan
+from cleanup.policies import Policy, check_scheme, get_policy
+
+log = structlog.get_logger("cleanup.dispatch")
+
+CHUNK_TASK = "cleanup.tasks.apply_chunk"
+INSERT_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class DispatchResult:
+    run: Run | None
+    created: bool
+    policy: str
+    scheme: str
+    cutoff: datetime
+    candidates: int
+    chunks: int
+    dry_run: bool = False
+
+
+def dispatch(
+    policy_name: str,
+    *,
+    scheme: str | None = None,
+    cutoff: datetime | None = None,
+    key: str | None = None,
+    trigger: str = Run.Trigger.COMMAND,
+    replay_of: Run | None = None,
+    sync: bool = False,
+    dry_run: bool = False,
+) -> DispatchResult:
+    """Create the run for ``key`` (or return the one that has it) and send its chunks.
+
+    ``sync`` applies the chunks in this process instead of the queue.
+    """
+    if key is not None and not dry_run:
+        existing = Run.objects.filter(dispatch_key=key).first()
+        if existing is not None:
+            return _existing(existing)
+    policy = get_policy(policy_name)
+    scheme = check_scheme(scheme, policy)
+    cutoff = frozen_cutoff(cutoff, not_before=replay_of.cutoff if replay_of else None)
+    if dry_run:
+        planned = list_counts(plan(policy, cutoff, scheme))
+        return DispatchResult(None, False, policy.name, scheme, cutoff, *planned, dry_run=True)
+
+    key = key or f"command:{uuid.uuid4()}"
+    # django-q2's sync mode would run each task inside this transaction, before the
+    # run commits; apply the chunks after it instead.
+    sync = sync or Conf.SYNC
+    try:
+        with transaction.atomic():
+            _lock_policy(policy)
+            run = Run.objects.create(
+                policy=policy.name,
+                dispatch_key=key,
+                cutoff=cutoff,
+                scheme=scheme,
+                trigger=trigger,
+                replay_of=replay_of,
+            )
+            run.candidates, run.chunks_planned = _plan_and_send(run, policy, sync=sync)
+            if run.chunks_planned == 0:
+                run.state, run.finished_at = Run.State.COMPLETED, timezone.now()
+            run.save(update_fields=["candidates", "chunks_planned", "state", "finished_at"])
+    except IntegrityError:
+        # Another dispatcher with the same key committed first.
+        return _existing(Run.objects.get(dispatch_key=key))
+    log.info(
+        "dispatched",
+        run_id=str(run.id),
+        policy=policy.name,
+        scheme=scheme,
+        cutoff=cutoff.isoformat(),
+        dispatch_key=key,
+        trigger=trigger,
+        candidates=run.candidates,
+        chunks=run.chunks_planned,
+    )
+    if sync:
+        apply_in_process(run)
+    return DispatchResult(
+        run, True, policy.name, scheme, cutoff, run.candidates, run.chunks_planned
+    )
+
+
+def send(chunks: Iterable[Chunk]) -> int:
+    """Enqueue the chunks' messages; inside a transaction they commit together with it."""
+    sent = 0
+    for chunk in chunks:
+        async_task(CHUNK_TASK, chunk.message, group=str(chunk.run_id))
+        sent += 1
+    return sent
+
+
+def apply_in_process(run: Run) -> None:
+    """Apply a run's unfinished chunks here, one after another, without the queue."""
+    from cleanup.worker import apply_chunk
+
+    for chunk in run.chunks.filter(state__in=Chunk.UNFINISHED).order_by("seq"):
+        apply_chunk(chunk.message)
+        Chunk.objects.filter(pk=chunk.pk, state=Chunk.State.COMMITTED).update(
+            state=Chunk.State.ACKNOWLEDGED, acknowledged_at=timezone.now()
+        )
+
+
+def list_counts(planned: Iterable[PlannedChunk]) -> tuple[int, int]:
+    """Return (rows, chunks) of a plan without keeping it."""
+    rows = chunks = 0
+    for chunk in planned:
+        rows += chunk.rows
+        chunks += 1
+    return rows, chunks
+
+
+def _plan_and_send(run: Run, policy: Policy, *, sync: bool) -> tuple[int, int]:
+    now = timezone.now()
+    state = Chunk.State.PLANNED if sync else Chunk.State.ENQUEUED
+    candidates = chunks = 0
+    batch: list[Chunk] = []
+
+    def flush() -> None:
+        Chunk.objects.bulk_create(batch)
+        if not sync:
+            send(batch)
+        batch.clear()
+
+    for seq, planned in enumerate(plan(policy, run.cutoff, run.scheme), start=1):
+        batch.append(
+            Chunk(
+                run=run,
+                seq=seq,
+                state=state,
+                message=_message(run, seq, planned),
+                planned_rows=planned.rows,
+                planned_at=now,
+                enqueued_at=None if sync else now,
+            )
+        )
+        candidates += planned.rows
+        chunks = seq
+        if len(batch) >= INSERT_BATCH:
+            flush()
+    flush()
+    return candidates, chunks
+
+
+def _message(run: Run, seq: int, planned: PlannedChunk) -> dict:
+    if planned.items is not None:
+        return messages.items_message(run.id, seq, run.policy, run.cutoff, planned.items)
+    return messages.range_message(
+        run.id, seq, run.policy, run.cutoff, planned.partition, planned.start_id, planned.end_id
+    )
+
+
+def _lock_policy(policy: Policy) -> None:
+    """Serialise planning per policy until the transaction ends."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"cleanup:{policy.name}"]
+        )
+
+
+def _existing(run: Run) -> DispatchResult:
+    return DispatchResult(
+        run, False, run.policy, run.scheme, run.cutoff, run.candidates, run.chunks_planned
+    )

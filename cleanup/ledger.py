@@ -1,0 +1,69 @@
+"""State changes of the ledger that several services share."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import structlog
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from cleanup.models import Chunk, OrphanMessage, Run
+
+log = structlog.get_logger("cleanup.ledger")
+
+
+def finish_run_if_done(run_id) -> None:
+    """Close a running run once none of its chunks is unfinished.
+
+    Locking the run row serialises the last chunks of a run: a chunk committing at
+    the same moment waits here, then its count sees this one's commit.
+    """
+    run = Run.objects.select_for_update().get(pk=run_id)
+    if run.state != Run.State.RUNNING:
+        return
+    chunks = Chunk.objects.filter(run_id=run_id)
+    if chunks.filter(state__in=Chunk.UNFINISHED).exists():
+        return
+    dead = chunks.filter(state=Chunk.State.DEAD_LETTERED).exists()
+    run.state = Run.State.COMPLETED_WITH_DEAD_LETTERS if dead else Run.State.COMPLETED
+    run.finished_at = timezone.now()
+    run.save(update_fields=["state", "finished_at"])
+    log.info("run finished", run_id=str(run.id), policy=run.policy, state=run.state)
+
+
+def dead_letter(chunk: Chunk, reason: str) -> bool:
+    """Dead-letter an unfinished chunk; return False if it had already finished."""
+    with transaction.atomic():
+        updated = Chunk.objects.filter(pk=chunk.pk, state__in=Chunk.UNFINISHED).update(
+            state=Chunk.State.DEAD_LETTERED,
+            dead_lettered_at=timezone.now(),
+            last_error=reason,
+            failures=F("failures") + 1,
+        )
+        if updated:
+            finish_run_if_done(chunk.run_id)
+    if updated:
+        log.warning(
+            "chunk dead-lettered",
+            run_id=str(chunk.run_id),
+            chunk_id=chunk.seq,
+            policy=chunk.run.policy,
+            outcome="dead_lettered",
+            reason=reason.splitlines()[0] if reason else "",
+        )
+    return bool(updated)
+
+
+def record_orphan(raw: Any, reason: str) -> OrphanMessage:
+    """Keep a message that names no known chunk, with its raw text."""
+    try:
+        text = raw if isinstance(raw, str) else json.dumps(raw, default=repr)
+    except (TypeError, ValueError):
+        text = repr(raw)
+    orphan = OrphanMessage.objects.create(raw=text, error=reason)
+    log.warning("orphan message dead-lettered", policy="unknown", outcome="dead_lettered",
+                orphan_id=orphan.pk, reason=reason)
+    return orphan

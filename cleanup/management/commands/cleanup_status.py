@@ -1,0 +1,30 @@
+from cleanup.management.base import CleanupCommand
+from cleanup.status import get_run, latest_run, run_summary
+
+
+class Command(CleanupCommand):
+    help = "Show one run's state and its chunks' totals (default: the latest run)."
+
+    def add_arguments(self, parser) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("--run", help="Run id; default: the latest run.")
+
+    def run(self, *, run, **options) -> dict:
+        return run_summary(get_run(run) if run else latest_run())
+
+    def describe(self, result: dict, verbosity: int) -> str:
+        chunks = ", ".join(f"{state} {n}" for state, n in result["chunks"].items()
+                           if n or verbosity > 1)
+        lines = [
+            f"Run {result['run_id']} ({result['policy']}, {result['scheme']}): {result['state']}",
+            f"  cutoff {result['cutoff']}, {result['candidates']} candidates, "
+            f"{result['chunks_planned']} chunks",
+            f"  chunks: {chunks or 'none'}",
+            f"  {result['rows_deleted']} rows deleted, {result['items_skipped']} skipped "
+            f"(no longer eligible), {result['noops']} no-op deliveries of "
+            f"{result['deliveries']}",
+        ]
+        if verbosity > 1:
+            lines.append(f"  key {result['dispatch_key']}, trigger {result['trigger']}, "
+                         f"replay of {result['replay_of'] or '-'}")
+        return "\n".join(lines)

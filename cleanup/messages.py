@@ -1,0 +1,141 @@
+"""The queue message for one chunk: build it, and parse what a worker receives.
+
+Version 2 is current. Version 1 named the chunk ``batch_id``; workers still read it so
+messages in flight across a deploy are not lost.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from cleanup.exceptions import MalformedMessage
+
+CURRENT_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
+
+
+@dataclass(frozen=True)
+class ChunkMessage:
+    version: int
+    run_id: str
+    chunk_id: int
+    policy: str
+    cutoff: datetime
+    items: list[tuple[Any, datetime]] | None = None
+    partition: Any = None
+    start_id: int | None = None
+    end_id: int | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "items" if self.items is not None else "range"
+
+
+def items_message(run_id, chunk_id, policy, cutoff, items) -> dict:
+    """Return the JSON-safe message of an items chunk: [pk, observed value] pairs."""
+    return {
+        "version": CURRENT_VERSION,
+        "run_id": str(run_id),
+        "chunk_id": chunk_id,
+        "policy": policy,
+        "cutoff": cutoff.isoformat(),
+        "items": [[pk, observed.isoformat()] for pk, observed in items],
+    }
+
+
+def range_message(run_id, chunk_id, policy, cutoff, partition, start_id, end_id) -> dict:
+    """Return the JSON-safe message of a range chunk: half-open [start_id, end_id)."""
+    return {
+        "version": CURRENT_VERSION,
+        "run_id": str(run_id),
+        "chunk_id": chunk_id,
+        "policy": policy,
+        "cutoff": cutoff.isoformat(),
+        "tenant_id": partition,
+        "start_id": start_id,
+        "end_id": end_id,
+    }
+
+
+def identify(raw: Any) -> tuple[str | None, int | None]:
+    """Best-effort run and chunk ids of a message, even a malformed one."""
+    data = _as_dict(raw)
+    if data is None:
+        return None, None
+    run_id = data.get("run_id")
+    chunk_id = data.get("chunk_id", data.get("batch_id"))
+    try:
+        run_id = str(uuid.UUID(str(run_id)))
+    except ValueError:
+        run_id = None
+    if not isinstance(chunk_id, int) or isinstance(chunk_id, bool):
+        chunk_id = None
+    return run_id, chunk_id
+
+
+def parse(raw: Any) -> ChunkMessage:
+    """Validate a received message; raise MalformedMessage saying what is wrong."""
+    run_id, chunk_id = identify(raw)
+
+    def bad(reason: str) -> MalformedMessage:
+        return MalformedMessage(reason, run_id=run_id, chunk_id=chunk_id)
+
+    data = _as_dict(raw)
+    if data is None:
+        raise bad("message is not a JSON object")
+    version = data.get("version")
+    if version not in SUPPORTED_VERSIONS or isinstance(version, bool):
+        raise bad(f"unknown message version {version!r} (supported: {SUPPORTED_VERSIONS})")
+    chunk_key = "batch_id" if version == 1 else "chunk_id"
+    if run_id is None:
+        raise bad("run_id is missing or not a UUID")
+    if not isinstance(data.get(chunk_key), int) or isinstance(data.get(chunk_key), bool):
+        raise bad(f"{chunk_key} is missing or not an integer")
+    policy = data.get("policy")
+    if not isinstance(policy, str) or not policy:
+        raise bad("policy is missing")
+    cutoff = _aware_datetime(data.get("cutoff"), "cutoff", bad)
+    fields = {"version": version, "run_id": run_id, "chunk_id": data[chunk_key],
+              "policy": policy, "cutoff": cutoff}
+    if "items" in data:
+        items = data["items"]
+        if not isinstance(items, list) or not items:
+            raise bad("items must be a non-empty list")
+        pairs = []
+        for item in items:
+            if not isinstance(item, list) or len(item) != 2:
+                raise bad("each item must be a [pk, observed value] pair")
+            pairs.append((item[0], _aware_datetime(item[1], "observed value", bad)))
+        return ChunkMessage(**fields, items=pairs)
+    if {"tenant_id", "start_id", "end_id"} <= data.keys():
+        start_id, end_id = data["start_id"], data["end_id"]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start_id, end_id)):
+            raise bad("start_id and end_id must be integers")
+        if start_id >= end_id:
+            raise bad(f"empty range [{start_id}, {end_id})")
+        return ChunkMessage(**fields, partition=data["tenant_id"], start_id=start_id,
+                            end_id=end_id)
+    raise bad("message has neither items nor a tenant_id/start_id/end_id range")
+
+
+def _as_dict(raw: Any) -> dict | None:
+    if isinstance(raw, (str, bytes)):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return None
+    return raw if isinstance(raw, dict) else None
+
+
+def _aware_datetime(value: Any, what: str, bad) -> datetime:
+    try:
+        parsed = datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        raise bad(f"{what} {value!r} is not an ISO-8601 timestamp") from None
+    if parsed.utcoffset() is None:
+        raise bad(f"{what} {value!r} has no timezone offset")
+    return parsed

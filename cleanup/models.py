@@ -1,0 +1,109 @@
+"""The cleanup ledger: runs, their chunks, and messages that named no chunk."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.utils import timezone
+
+
+class Run(models.Model):
+    """One trigger of one policy, with its frozen cutoff."""
+
+    class State(models.TextChoices):
+        RUNNING = "running", "Running"
+        COMPLETED = "completed", "Completed"
+        COMPLETED_WITH_DEAD_LETTERS = "completed_with_dead_letters", "Completed with dead letters"
+        CANCELLED = "cancelled", "Cancelled"
+
+    class Trigger(models.TextChoices):
+        SCHEDULE = "schedule", "Schedule"
+        COMMAND = "command", "Command"
+        ADMIN = "admin", "Admin"
+        REPLAY = "replay", "Replay"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    policy = models.CharField(max_length=100)
+    dispatch_key = models.CharField(max_length=255, unique=True)
+    cutoff = models.DateTimeField()
+    scheme = models.CharField(max_length=10)
+    state = models.CharField(max_length=32, choices=State.choices, default=State.RUNNING)
+    trigger = models.CharField(max_length=16, choices=Trigger.choices)
+    replay_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="replays"
+    )
+    candidates = models.PositiveIntegerField(default=0)
+    chunks_planned = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["policy", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.policy} run {self.id}"
+
+
+class Chunk(models.Model):
+    """One bounded unit of a run's work and its ledger row."""
+
+    class State(models.TextChoices):
+        PLANNED = "planned", "Planned"
+        ENQUEUED = "enqueued", "Enqueued"
+        RETRYING = "retrying", "Retrying"
+        COMMITTED = "committed", "Committed"
+        ACKNOWLEDGED = "acknowledged", "Acknowledged"
+        DEAD_LETTERED = "dead_lettered", "Dead-lettered"
+        DISCARDED = "discarded", "Discarded"
+        CANCELLED = "cancelled", "Cancelled"
+
+    UNFINISHED = (State.PLANNED, State.ENQUEUED, State.RETRYING)
+    DONE = (State.COMMITTED, State.ACKNOWLEDGED)
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="chunks")
+    seq = models.PositiveIntegerField(help_text="The chunk's id within its run.")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PLANNED)
+    message = models.JSONField(help_text="The message exactly as sent.")
+    planned_rows = models.PositiveIntegerField(default=0)
+    deliveries = models.PositiveIntegerField(default=0, help_text="Deliveries started.")
+    deliveries_completed = models.PositiveIntegerField(
+        default=0, help_text="Deliveries that committed an outcome (work or no-op)."
+    )
+    noop_deliveries = models.PositiveIntegerField(default=0)
+    failures = models.PositiveIntegerField(default=0)
+    unfinished_forgiven = models.PositiveIntegerField(
+        default=0, help_text="Unfinished deliveries an operator's requeue set aside."
+    )
+    transient_retries = models.PositiveIntegerField(default=0)
+    rows_deleted = models.PositiveIntegerField(default=0)
+    items_skipped = models.PositiveIntegerField(
+        default=0, help_text="Planned rows no longer eligible when the chunk ran."
+    )
+    last_error = models.TextField(blank=True)
+    planned_at = models.DateTimeField(default=timezone.now)
+    enqueued_at = models.DateTimeField(null=True, blank=True)
+    last_delivery_at = models.DateTimeField(null=True, blank=True)
+    committed_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    dead_lettered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="chunk_unique_seq")]
+        indexes = [models.Index(fields=["run", "state"]), models.Index(fields=["state"])]
+
+    def __str__(self) -> str:
+        return f"chunk {self.seq} of run {self.run_id}"
+
+
+class OrphanMessage(models.Model):
+    """A dead-lettered message that names no chunk this database knows."""
+
+    received_at = models.DateTimeField(default=timezone.now)
+    raw = models.TextField()
+    error = models.TextField()
+
+    class Meta:
+        ordering = ["-received_at"]

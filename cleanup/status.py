@@ -1,0 +1,55 @@
+"""Read a run's progress from the ledger."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.core.exceptions import ValidationError
+from django.db.models import Count, Sum
+
+from cleanup.exceptions import UnknownRun
+from cleanup.models import Chunk, Run
+
+
+def get_run(run_id) -> Run:
+    try:
+        return Run.objects.get(pk=uuid.UUID(str(run_id)))
+    except (ValueError, ValidationError, Run.DoesNotExist):
+        raise UnknownRun(run_id) from None
+
+
+def latest_run() -> Run:
+    run = Run.objects.order_by("-created_at").first()
+    if run is None:
+        raise UnknownRun("(latest): no run yet")
+    return run
+
+
+def run_summary(run: Run) -> dict:
+    """Return the run's fields and its chunks' totals, JSON-safe."""
+    chunks = Chunk.objects.filter(run=run)
+    by_state = dict.fromkeys(Chunk.State.values, 0)
+    by_state.update(chunks.values_list("state").annotate(n=Count("pk")).order_by())
+    totals = chunks.aggregate(
+        rows_deleted=Sum("rows_deleted"),
+        items_skipped=Sum("items_skipped"),
+        noops=Sum("noop_deliveries"),
+        deliveries=Sum("deliveries"),
+        failures=Sum("failures"),
+    )
+    return {
+        "run_id": str(run.id),
+        "policy": run.policy,
+        "scheme": run.scheme,
+        "state": run.state,
+        "trigger": run.trigger,
+        "dispatch_key": run.dispatch_key,
+        "replay_of": str(run.replay_of_id) if run.replay_of_id else None,
+        "cutoff": run.cutoff.isoformat(timespec="microseconds"),
+        "candidates": run.candidates,
+        "chunks_planned": run.chunks_planned,
+        "chunks": by_state,
+        **{name: value or 0 for name, value in totals.items()},
+        "created_at": run.created_at.isoformat(),
+        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+    }

@@ -1,0 +1,219 @@
+"""Apply one chunk: the conditional DELETE and its ledger row commit together."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import traceback
+from enum import StrEnum
+from functools import reduce
+from operator import or_
+
+import structlog
+from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from cleanup import ledger, messages
+from cleanup.conf import conf
+from cleanup.exceptions import MalformedMessage, UnknownPolicy
+from cleanup.messages import ChunkMessage
+from cleanup.models import Chunk
+from cleanup.policies import Policy, get_policy
+
+log = structlog.get_logger("cleanup.worker")
+
+# Deadlocks, lock and statement timeouts, serialization failures and dropped
+# connections all surface as one of these; each can succeed when tried again.
+TRANSIENT_ERRORS = (OperationalError, InterfaceError)
+
+
+class Outcome(StrEnum):
+    DELETED = "deleted"
+    NOOP = "noop"
+    DEAD_LETTERED = "dead_lettered"
+
+
+def apply_chunk(raw) -> Outcome:
+    """Apply one delivery of a chunk message and return its outcome.
+
+    Returns only after the outcome committed. A transient error that outlasts the
+    in-task retries is re-raised, so the broker delivers the message again.
+    """
+    try:
+        message = messages.parse(raw)
+        policy = get_policy(message.policy)
+    except (MalformedMessage, UnknownPolicy) as exc:
+        return _dead_letter_message(raw, exc)
+
+    chunk = _start_delivery(raw, message, policy)
+    if chunk is None or chunk.state == Chunk.State.DEAD_LETTERED:
+        return Outcome.DEAD_LETTERED
+
+    retries = 0
+    while True:
+        try:
+            return _apply(chunk, message, policy, retries)
+        except TRANSIENT_ERRORS as exc:
+            _reset_broken_connection()
+            if retries >= conf.TRANSIENT_RETRIES:
+                _record_failure(chunk, exc, retries)
+                raise
+            retries += 1
+            time.sleep(conf.TRANSIENT_BACKOFF * 2 ** (retries - 1) * random.uniform(0.5, 1.5))
+        except Exception as exc:
+            # Anything else is deterministic (a bug, a predicate the database rejects):
+            # another delivery would fail the same way.
+            _reset_broken_connection()
+            ledger.dead_letter(chunk, _describe(exc))
+            return Outcome.DEAD_LETTERED
+
+
+def delete_statement(policy: Policy, message: ChunkMessage):
+    """Return the queryset whose delete() is the chunk's single conditional DELETE."""
+    rows = policy.eligible_rows(message.cutoff)
+    if message.items is not None:
+        observed = policy.observed_field
+        match = reduce(or_, (Q(pk=pk, **{observed: value}) for pk, value in message.items))
+        return rows.filter(match)
+    return rows.filter(
+        **{policy.partition_column: message.partition},
+        pk__gte=message.start_id,
+        pk__lt=message.end_id,
+    )
+
+
+def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) -> Outcome:
+    with transaction.atomic():
+        _set_lock_timeout()
+        current = Chunk.objects.select_for_update().get(pk=chunk.pk)
+        if current.state not in Chunk.UNFINISHED:
+            Chunk.objects.filter(pk=chunk.pk).update(
+                deliveries_completed=F("deliveries_completed") + 1,
+                noop_deliveries=F("noop_deliveries") + 1,
+                transient_retries=F("transient_retries") + retries,
+            )
+            deleted, outcome = 0, Outcome.NOOP
+        else:
+            deleted, _ = delete_statement(policy, message).delete()
+            outcome = Outcome.DELETED if deleted else Outcome.NOOP
+            Chunk.objects.filter(pk=chunk.pk).update(
+                state=Chunk.State.COMMITTED,
+                committed_at=timezone.now(),
+                rows_deleted=F("rows_deleted") + deleted,
+                items_skipped=F("items_skipped") + max(current.planned_rows - deleted, 0),
+                deliveries_completed=F("deliveries_completed") + 1,
+                noop_deliveries=F("noop_deliveries") + (0 if deleted else 1),
+                transient_retries=F("transient_retries") + retries,
+            )
+            ledger.finish_run_if_done(chunk.run_id)
+    log.info(
+        "chunk outcome",
+        run_id=message.run_id,
+        chunk_id=message.chunk_id,
+        policy=policy.name,
+        outcome=str(outcome),
+        rows_deleted=deleted,
+        planned_rows=current.planned_rows,
+        already=current.state if current.state not in Chunk.UNFINISHED else None,
+        transient_retries=retries,
+    )
+    if message.items is not None and logging.getLogger("cleanup.worker").isEnabledFor(
+        logging.DEBUG
+    ):
+        for pk, observed in message.items:
+            log.debug("item", run_id=message.run_id, chunk_id=message.chunk_id,
+                      idempotency_key=f"{policy.idempotency_prefix}:{pk}:{observed.isoformat()}")
+    return outcome
+
+
+def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
+    """Count the delivery in its own commit; dead-letter a chunk that keeps dying.
+
+    The start is committed before the work so a worker killed mid-chunk still leaves
+    its trace: deliveries started minus completed is what django-q2 cannot count.
+    """
+    with transaction.atomic():
+        chunk = (
+            Chunk.objects.select_for_update(of=("self",))
+            .select_related("run")
+            .filter(run_id=message.run_id, seq=message.chunk_id)
+            .first()
+        )
+        if chunk is None:
+            ledger.record_orphan(raw, f"run {message.run_id} has no chunk {message.chunk_id}")
+            return None
+        if chunk.run.policy != policy.name or chunk.run.cutoff != message.cutoff:
+            reason = "message policy or cutoff does not match its run"
+        elif (
+            chunk.state in Chunk.UNFINISHED
+            and _unfinished(chunk) >= conf.MAX_UNFINISHED_DELIVERIES
+        ):
+            reason = (
+                f"{_unfinished(chunk)} deliveries started without completing "
+                f"(limit {conf.MAX_UNFINISHED_DELIVERIES})"
+            )
+        else:
+            reason = ""
+        Chunk.objects.filter(pk=chunk.pk).update(
+            deliveries=F("deliveries") + 1, last_delivery_at=timezone.now()
+        )
+    if reason:
+        ledger.dead_letter(chunk, reason)
+        chunk.state = Chunk.State.DEAD_LETTERED
+    return chunk
+
+
+def _unfinished(chunk: Chunk) -> int:
+    return chunk.deliveries - chunk.deliveries_completed - chunk.unfinished_forgiven
+
+
+def _record_failure(chunk: Chunk, exc: BaseException, retries: int) -> None:
+    Chunk.objects.filter(pk=chunk.pk, state__in=Chunk.UNFINISHED).update(
+        state=Chunk.State.RETRYING,
+        failures=F("failures") + 1,
+        transient_retries=F("transient_retries") + retries,
+        last_error=_describe(exc),
+    )
+    log.warning(
+        "chunk failed, left for redelivery",
+        run_id=str(chunk.run_id),
+        chunk_id=chunk.seq,
+        policy=chunk.run.policy,
+        outcome="unknown",
+        error=str(exc).strip(),
+        transient_retries=retries,
+    )
+
+
+def _dead_letter_message(raw, exc: Exception) -> Outcome:
+    run_id, chunk_id = messages.identify(raw)
+    chunk = None
+    if run_id is not None and chunk_id is not None:
+        chunk = (
+            Chunk.objects.select_related("run").filter(run_id=run_id, seq=chunk_id).first()
+        )
+    if chunk is None:
+        ledger.record_orphan(raw, str(exc))
+    else:
+        Chunk.objects.filter(pk=chunk.pk).update(deliveries=F("deliveries") + 1)
+        ledger.dead_letter(chunk, f"malformed message: {exc}")
+    return Outcome.DEAD_LETTERED
+
+
+def _set_lock_timeout() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT set_config('lock_timeout', %s, true)", [f"{conf.LOCK_TIMEOUT_MS}ms"]
+        )
+
+
+def _reset_broken_connection() -> None:
+    """Drop a connection the error left unusable, so the next attempt reconnects."""
+    if not connection.in_atomic_block:
+        connection.close_if_unusable_or_obsolete()
+
+
+def _describe(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc)).strip()

@@ -1,0 +1,130 @@
+"""Settings, driven by the environment.
+
+Two profiles. The default one needs nothing but an optional DATABASE_URL (without
+it an embedded PostgreSQL starts under .data/); it has an insecure development key
+and DEBUG off. DJANGO_PROFILE=production requires DJANGO_SECRET_KEY and
+DJANGO_ALLOWED_HOSTS and turns on secure cookies.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from config.embedded_db import embedded_database
+from config.logs import logging_config
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+PROFILE = os.environ.get("DJANGO_PROFILE", "default")
+if PROFILE not in {"default", "production"}:
+    raise ImproperlyConfigured(f"DJANGO_PROFILE must be 'default' or 'production', not {PROFILE!r}")
+PRODUCTION = PROFILE == "production"
+
+DEBUG = False
+if PRODUCTION:
+    SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
+    if not SECRET_KEY:
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY is required in the production profile.")
+    ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "").split(",") if h]
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_CONTENT_TYPE_NOSNIFF = True
+else:
+    SECRET_KEY = "insecure-development-key-do-not-use-in-production"
+    ALLOWED_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_prometheus",
+    "django_q",
+    "cleanup",
+    "reservations",
+]
+
+MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+if os.environ.get("DATABASE_URL"):
+    _database = dj_database_url.parse(os.environ["DATABASE_URL"])
+else:
+    _database = embedded_database(BASE_DIR / ".data" / "postgres")
+# Persistent connections with health checks, and no psycopg pool: qcluster forks its
+# workers, and a pool inherited across fork hands one socket to several processes.
+_database.update(CONN_MAX_AGE=60, CONN_HEALTH_CHECKS=True)
+DATABASES = {"default": _database}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+USE_TZ = True
+TIME_ZONE = "UTC"
+LANGUAGE_CODE = "en-us"
+USE_I18N = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / ".data" / "static"
+
+
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value else default
+
+
+# django-q2 with the ORM broker on the models' own alias, so a run, its chunks and
+# their queue messages commit in one transaction.
+# - timeout (120 s): far above the slowest chunk (a 500-row chunk takes well under a
+#   second) and above planning a million-row backlog, which the dispatcher does in
+#   one scheduled task.
+# - retry (180 s): the lease after which an unacknowledged task is handed out again;
+#   it must exceed timeout, or a slow task runs twice at once.
+# - catch_up off: after an outage one run covers the backlog, not one per missed slot.
+# - max_attempts 0: the chunk ledger, not django-q2, decides when to dead-letter.
+Q_CLUSTER = {
+    "name": os.environ.get("Q_CLUSTER_QUEUE", "cleanup"),
+    "orm": "default",
+    "workers": int(_env_float("Q_WORKERS", 2)),
+    "timeout": int(_env_float("Q_TIMEOUT", 120)),
+    "retry": int(_env_float("Q_RETRY", 180)),
+    "poll": _env_float("Q_POLL", 0.5),
+    "bulk": 1,
+    "catch_up": False,
+    "max_attempts": 0,
+    "ack_failures": False,
+    "save_limit": 250,
+    "label": "Task queue",
+}
+
+LOGGING = logging_config(json_lines=PRODUCTION or bool(os.environ.get("LOG_JSON")))

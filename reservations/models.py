@@ -1,0 +1,79 @@
+"""Tenants, course sections, seat holds, and reminder attempts about expiring holds."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class Tenant(models.Model):
+    """An institution."""
+
+    name = models.CharField(max_length=200, unique=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Section(models.Model):
+    """A course section with a fixed number of seats."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="sections")
+    title = models.CharField(max_length=200)
+    capacity = models.PositiveIntegerField()
+
+    def __str__(self) -> str:
+        return self.title
+
+
+class SeatHold(models.Model):
+    """A learner's temporary (held) or final (confirmed) claim on a seat.
+
+    Nothing may point at this model with a cascading or SET_NULL foreign key, nor
+    listen to its delete signals: either would turn cleanup's single conditional
+    DELETE into SELECT-then-DELETE-by-pk (system check cleanup.E004).
+    """
+
+    class Status(models.TextChoices):
+        HELD = "held", "Held"
+        CONFIRMED = "confirmed", "Confirmed"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    section = models.ForeignKey(Section, on_delete=models.CASCADE, related_name="+")
+    learner_ref = models.CharField(max_length=100)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.HELD)
+    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["expires_at", "id"],
+                condition=Q(status="held"),
+                name="seathold_held_by_expiry",
+            ),
+            models.Index(fields=["tenant", "id"], name="seathold_tenant_id"),
+            models.Index(fields=["section", "status"], name="seathold_section_status"),
+        ]
+
+    def __str__(self) -> str:
+        return f"hold {self.pk} ({self.status})"
+
+
+class ReminderAttempt(models.Model):
+    """A reminder sent to a learner about an expiring hold; purged after retention.
+
+    ``hold_id`` is a plain column, not a foreign key: a relation to SeatHold would make
+    every hold delete cascade (see SeatHold).
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    hold_id = models.BigIntegerField()
+    learner_ref = models.CharField(max_length=100)
+    channel = models.CharField(max_length=20, default="email")
+    sent_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "id"], name="reminder_tenant_id")]

@@ -1,0 +1,49 @@
+"""The product's cleanup policies, registered with the engine at start-up."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db.models import Q
+
+from cleanup.policies import ITEMS, RANGE, Policy, register
+from reservations.conf import conf
+
+EXPIRE_HOLDS = "expire-holds"
+PURGE_REMINDERS = "purge-reminder-attempts"
+
+
+def expired_holds(cutoff: datetime) -> Q:
+    return Q(status="held", expires_at__lte=cutoff)
+
+
+def stale_reminders(cutoff: datetime) -> Q:
+    return Q(sent_at__lte=cutoff - timedelta(days=conf.REMINDER_RETENTION_DAYS))
+
+
+def register_policies() -> None:
+    register(
+        Policy(
+            name=EXPIRE_HOLDS,
+            model_label="reservations.SeatHold",
+            eligible=expired_holds,
+            observed_field="expires_at",
+            partition_field="tenant",
+            scheme=ITEMS,
+            chunk_size=conf.EXPIRE_CHUNK_SIZE,
+            schedule=conf.EXPIRE_SCHEDULE,
+            key_prefix="expire-reservation",
+        )
+    )
+    register(
+        Policy(
+            name=PURGE_REMINDERS,
+            model_label="reservations.ReminderAttempt",
+            eligible=stale_reminders,
+            observed_field="sent_at",
+            partition_field="tenant",
+            scheme=RANGE,
+            chunk_size=conf.PURGE_CHUNK_SIZE,
+            schedule=conf.PURGE_SCHEDULE,
+        )
+    )
