@@ -22,7 +22,8 @@ from cleanup.policies import Policy, check_scheme, get_policy
 log = structlog.get_logger("cleanup.dispatch")
 
 CHUNK_TASK = "cleanup.tasks.apply_chunk"
-INSERT_BATCH = 1000
+# Chunks inserted and enqueued per round trip; bounds the memory an items plan holds.
+INSERT_BATCH = 100
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def dispatch(
         scheme=scheme,
         cutoff=cutoff.isoformat(),
         dispatch_key=key,
-        trigger=trigger,
+        trigger=str(trigger),
         candidates=run.candidates,
         chunks=run.chunks_planned,
     )

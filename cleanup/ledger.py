@@ -31,7 +31,7 @@ def finish_run_if_done(run_id) -> None:
     run.state = Run.State.COMPLETED_WITH_DEAD_LETTERS if dead else Run.State.COMPLETED
     run.finished_at = timezone.now()
     run.save(update_fields=["state", "finished_at"])
-    log.info("run finished", run_id=str(run.id), policy=run.policy, state=run.state)
+    log.info("run finished", run_id=str(run.id), policy=run.policy, state=str(run.state))
 
 
 def dead_letter(chunk: Chunk, reason: str) -> bool:

@@ -107,3 +107,6 @@ class OrphanMessage(models.Model):
 
     class Meta:
         ordering = ["-received_at"]
+
+    def __str__(self) -> str:
+        return f"orphan message {self.pk}"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Max
+from django.db.models import Count, Max, Q
 
 from cleanup.policies import ITEMS, Policy
 
@@ -32,20 +32,32 @@ def plan(policy: Policy, cutoff: datetime, scheme: str) -> Iterator[PlannedChunk
 
 
 def plan_items(policy: Policy, cutoff: datetime) -> Iterator[PlannedChunk]:
-    """Yield chunks of [pk, observed value] pairs, by keyset pagination on pk."""
+    """Yield chunks of [pk, observed value] pairs, by keyset pagination.
+
+    Pages follow (observed value, pk), the order of the index a policy should have on
+    its eligible rows, so each page is a short index range scan.
+    """
+    observed = policy.observed_field
     eligible = (
-        policy.eligible_rows(cutoff).order_by("pk").values_list("pk", policy.observed_field)
+        policy.eligible_rows(cutoff).order_by(observed, "pk").values_list("pk", observed)
     )
     after = None
     while True:
-        page = eligible if after is None else eligible.filter(pk__gt=after)
+        page = eligible
+        if after is not None:
+            last_pk, last_observed = after
+            # (observed, pk) > (last_observed, last_pk), with a bound the index can seek to.
+            page = eligible.filter(
+                Q(**{f"{observed}__gt": last_observed}) | Q(pk__gt=last_pk),
+                **{f"{observed}__gte": last_observed},
+            )
         items = list(page[: policy.chunk_size])
         if not items:
             return
         yield PlannedChunk(rows=len(items), items=items)
         if len(items) < policy.chunk_size:
             return
-        after = items[-1][0]
+        after = items[-1]
 
 
 def plan_ranges(policy: Policy, cutoff: datetime) -> Iterator[PlannedChunk]:

@@ -98,16 +98,7 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) ->
         else:
             deleted, _ = delete_statement(policy, message).delete()
             outcome = Outcome.DELETED if deleted else Outcome.NOOP
-            Chunk.objects.filter(pk=chunk.pk).update(
-                state=Chunk.State.COMMITTED,
-                committed_at=timezone.now(),
-                rows_deleted=F("rows_deleted") + deleted,
-                items_skipped=F("items_skipped") + max(current.planned_rows - deleted, 0),
-                deliveries_completed=F("deliveries_completed") + 1,
-                noop_deliveries=F("noop_deliveries") + (0 if deleted else 1),
-                transient_retries=F("transient_retries") + retries,
-            )
-            ledger.finish_run_if_done(chunk.run_id)
+            _record_commit(current, deleted, retries)
     log.info(
         "chunk outcome",
         run_id=message.run_id,
@@ -126,6 +117,20 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) ->
             log.debug("item", run_id=message.run_id, chunk_id=message.chunk_id,
                       idempotency_key=f"{policy.idempotency_prefix}:{pk}:{observed.isoformat()}")
     return outcome
+
+
+def _record_commit(chunk: Chunk, deleted: int, retries: int) -> None:
+    """Store the outcome on the chunk (and maybe close its run) in the DELETE's transaction."""
+    Chunk.objects.filter(pk=chunk.pk).update(
+        state=Chunk.State.COMMITTED,
+        committed_at=timezone.now(),
+        rows_deleted=F("rows_deleted") + deleted,
+        items_skipped=F("items_skipped") + max(chunk.planned_rows - deleted, 0),
+        deliveries_completed=F("deliveries_completed") + 1,
+        noop_deliveries=F("noop_deliveries") + (0 if deleted else 1),
+        transient_retries=F("transient_retries") + retries,
+    )
+    ledger.finish_run_if_done(chunk.run_id)
 
 
 def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:

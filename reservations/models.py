@@ -77,3 +77,6 @@ class ReminderAttempt(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "id"], name="reminder_tenant_id")]
+
+    def __str__(self) -> str:
+        return f"reminder {self.pk} about hold {self.hold_id}"

@@ -1,0 +1,26 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+# Each creates .venv and installs the project into it on first use.
+
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install lint test demo
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet --upgrade pip
+	$(PYTHON) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: lint
+	$(VENV)/bin/pytest
+
+demo: $(STAMP)
+	$(PYTHON) manage.py migrate --verbosity 0
+	$(PYTHON) manage.py run_demo --noinput

@@ -1,0 +1,58 @@
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from reservations.demo import run_demo
+
+
+class Command(BaseCommand):
+    help = (
+        "Run one real cleanup cycle through a qcluster subprocess and print a report. "
+        "Deletes every tenant, section, hold and reminder attempt first."
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--expired", type=int, default=3000)
+        parser.add_argument("--active", type=int, default=500)
+        parser.add_argument("--racers", type=int, default=10,
+                            help="Candidates renewed, and as many confirmed, mid-run.")
+        parser.add_argument("--timeout", type=float, default=180)
+        parser.add_argument("--noinput", "--no-input", action="store_false",
+                            dest="interactive")
+        parser.add_argument("--json", action="store_true")
+
+    def handle(self, *args, expired, active, racers, timeout, interactive, **options):
+        if expired < 2 * racers or racers < 1:
+            raise CommandError("--expired must be at least twice --racers, and --racers >= 1")
+        if interactive:
+            answer = input("This deletes all reservation data first. Type 'yes' to go on: ")
+            if answer != "yes":
+                raise CommandError("Cancelled.")
+        say = (lambda line: None) if options["json"] else self.stdout.write
+        try:
+            report = run_demo(expired=expired, active=active, racers=racers,
+                              timeout=timeout, say=say)
+        except TimeoutError as exc:
+            raise CommandError(str(exc)) from exc
+        if options["json"]:
+            self.stdout.write(json.dumps(report.__dict__ | {"ok": report.ok}, default=str))
+        else:
+            self.stdout.write(self.table(report))
+        if not report.ok:
+            raise CommandError("a demo check failed")
+
+    def table(self, report) -> str:
+        header = f"{'policy':<26}{'candidates':>11}{'chunks':>8}{'deleted':>9}" \
+                 f"{'skipped':>9}{'no-ops':>8}{'deliveries':>12}  state"
+        lines = ["", header, "-" * len(header)]
+        for run in report.runs:
+            lines.append(
+                f"{run['policy']:<26}{run['candidates']:>11}{run['chunks_planned']:>8}"
+                f"{run['rows_deleted']:>9}{run['items_skipped']:>9}{run['noops']:>8}"
+                f"{run['deliveries']:>12}  {run['state']}"
+            )
+        racing = report.racing
+        lines += ["", f"Racing learners: {racing['renewed']} renewed, {racing['confirmed']} "
+                      f"confirmed; {racing['survivors']} of them survived.", ""]
+        lines += [f"  [{'ok' if ok else 'FAILED'}] {name}" for name, ok in report.checks.items()]
+        return "\n".join(lines)

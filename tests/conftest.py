@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from django.db import connection
+from django_q.conf import Conf
+
+from cleanup.models import Chunk, Run
+from tests.factories import SeatHoldFactory, SectionFactory
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _fast_retries(settings):
+    settings.CLEANUP_TRANSIENT_BACKOFF = 0.01
+
+
+@pytest.fixture
+def section(db):
+    return SectionFactory(capacity=1000)
+
+
+@pytest.fixture
+def expired_holds(section):
+    return SeatHoldFactory.create_batch(5, section=section, expired=True)
+
+
+def chunks_of(run: Run) -> list[Chunk]:
+    return list(run.chunks.order_by("seq"))
+
+
+def database_url() -> str:
+    """The URL of the database the tests use (the test database), for subprocesses."""
+    s = connection.settings_dict
+    host = quote(s["HOST"] or "localhost", safe="")
+    port = f":{s['PORT']}" if s.get("PORT") else ""
+    user = quote(s.get("USER") or "", safe="")
+    return f"postgres://{user}@{host}{port}/{s['NAME']}"
+
+
+def subprocess_env(**extra: str) -> dict:
+    env = {**os.environ, "DATABASE_URL": database_url(), "PYTHONUNBUFFERED": "1", **extra}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    return env
+
+
+def manage(*args: str, **extra_env: str) -> subprocess.Popen:
+    """Start ``manage.py`` with the test database in a real subprocess."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        cwd=ROOT,
+        env=subprocess_env(**extra_env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_for(predicate, timeout: float = 30, interval: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def q_sync(monkeypatch):
+    """Run django-q2 tasks inline (its Conf is read at import, so patch it)."""
+    monkeypatch.setattr(Conf, "SYNC", True)
+
+
+@pytest.fixture
+def chunk_size():
+    """Shrink a policy's chunks for one test: ``chunk_size("expire-holds", 2)``."""
+    from dataclasses import replace
+
+    from cleanup import policies
+
+    saved = dict(policies._registry)
+
+    def shrink(name: str, size: int):
+        return policies.register(replace(policies.get_policy(name), chunk_size=size))
+
+    yield shrink
+    policies._registry.clear()
+    policies._registry.update(saved)

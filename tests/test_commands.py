@@ -1,0 +1,190 @@
+"""The command-line contract: names, JSON keys, and clean failures that write nothing."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.utils import timezone
+from django_q.models import OrmQ
+
+from cleanup.models import Chunk, Run
+from cleanup.worker import apply_chunk
+from reservations.models import ReminderAttempt, SeatHold
+
+pytestmark = pytest.mark.django_db
+
+
+def run_json(*args) -> dict:
+    out = StringIO()
+    call_command(*args, "--json", stdout=out)
+    return json.loads(out.getvalue())
+
+
+def test_dispatch_json_has_the_contract_keys(expired_holds):
+    result = run_json("cleanup_dispatch", "--policy", "expire-holds", "--key", "k")
+
+    assert result["created"] is True
+    assert (result["policy"], result["scheme"], result["chunks"], result["candidates"]) == (
+        "expire-holds", "items", 1, 5)
+    cutoff = Run.objects.get().cutoff
+    assert result["cutoff"] == cutoff.isoformat(timespec="microseconds")
+    assert result["run_id"] == str(Run.objects.get().pk)
+
+
+def test_dispatch_with_existing_key_reports_created_false(expired_holds):
+    first = run_json("cleanup_dispatch", "--policy", "expire-holds", "--key", "k")
+    again = run_json("cleanup_dispatch", "--policy", "expire-holds", "--key", "k",
+                     "--scheme", "range")
+    assert (again["created"], again["run_id"], again["scheme"]) == (False, first["run_id"],
+                                                                    "items")
+
+
+def test_dispatch_accepts_any_iso_cutoff_with_offset(expired_holds):
+    cutoff = (timezone.now() - timedelta(minutes=1)).astimezone(
+        timezone.get_fixed_timezone(-300))
+    result = run_json("cleanup_dispatch", "--policy", "expire-holds", "--cutoff",
+                      cutoff.isoformat())
+    assert Run.objects.get().cutoff == cutoff
+    assert result["cutoff"].endswith("-05:00")
+
+
+def test_dispatch_sync_applies_in_process(expired_holds):
+    run_json("cleanup_dispatch", "--policy", "expire-holds", "--sync")
+    assert SeatHold.objects.count() == 0
+    assert OrmQ.objects.count() == 0
+
+
+def test_dispatch_dry_run_writes_nothing(expired_holds):
+    out = StringIO()
+    call_command("cleanup_dispatch", "--policy", "expire-holds", "--dry-run", stdout=out)
+    assert out.getvalue().startswith("Dry run: expire-holds would plan 1 chunks (items) for 5")
+    assert Run.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--policy", "nope"], "unknown policy 'nope'"),
+        (["--policy", "expire-holds", "--cutoff", "yesterday"], "not an ISO-8601 timestamp"),
+        (["--policy", "expire-holds", "--cutoff", "2026-01-01T00:00:00"], "no timezone offset"),
+        (["--policy", "expire-holds", "--cutoff", "2999-01-01T00:00:00+00:00"], "in the future"),
+    ],
+)
+def test_dispatch_errors_are_one_clear_line_and_write_nothing(expired_holds, args, message):
+    with pytest.raises(CommandError, match=message):
+        call_command("cleanup_dispatch", *args)
+    assert (Run.objects.count(), OrmQ.objects.count()) == (0, 0)
+
+
+def test_dispatch_bad_scheme_is_refused(expired_holds):
+    with pytest.raises(CommandError, match="invalid choice: 'diagonal'"):
+        call_command("cleanup_dispatch", "--policy", "expire-holds", "--scheme", "diagonal")
+    assert Run.objects.count() == 0
+
+
+def test_status_json_reports_chunks_by_state_and_totals(expired_holds):
+    dispatched = run_json("cleanup_dispatch", "--policy", "expire-holds")
+    chunk = Chunk.objects.get()
+    apply_chunk(chunk.message)
+    apply_chunk(chunk.message)
+
+    status = run_json("cleanup_status")
+
+    assert status["run_id"] == dispatched["run_id"]
+    assert status["state"] == "completed"
+    assert status["cutoff"] == dispatched["cutoff"]
+    assert status["chunks"] == {
+        "planned": 0, "enqueued": 0, "retrying": 0, "committed": 1, "acknowledged": 0,
+        "dead_lettered": 0, "discarded": 0, "cancelled": 0,
+    }
+    assert (status["rows_deleted"], status["noops"], status["deliveries"]) == (5, 1, 2)
+
+
+def test_status_of_unknown_run_fails(db):
+    with pytest.raises(CommandError, match="no run with id 1234"):
+        call_command("cleanup_status", "--run", "1234")
+    with pytest.raises(CommandError, match="no run yet"):
+        call_command("cleanup_status")
+
+
+def test_replay_same_cutoff_resends_committed_chunks_as_noops(expired_holds):
+    dispatched = run_json("cleanup_dispatch", "--policy", "expire-holds")
+    chunk = Chunk.objects.get()
+    apply_chunk(chunk.message)
+    OrmQ.objects.all().delete()
+
+    result = run_json("cleanup_replay", dispatched["run_id"])
+
+    assert (result["run_id"], result["resent"]) == (dispatched["run_id"], 1)
+    assert OrmQ.objects.count() == 1
+    apply_chunk(chunk.message)
+    chunk.refresh_from_db()
+    assert (chunk.state, chunk.rows_deleted, chunk.noop_deliveries) == ("committed", 5, 1)
+
+
+def test_replay_with_new_cutoff_creates_a_linked_run(expired_holds):
+    dispatched = run_json("cleanup_dispatch", "--policy", "expire-holds", "--cutoff",
+                          (timezone.now() - timedelta(days=3)).isoformat())
+    new_cutoff = timezone.now().isoformat()
+
+    result = run_json("cleanup_replay", dispatched["run_id"], "--new-cutoff", new_cutoff)
+    again = run_json("cleanup_replay", dispatched["run_id"], "--new-cutoff", new_cutoff)
+
+    replayed = Run.objects.get(pk=result["run_id"])
+    assert str(replayed.replay_of_id) == dispatched["run_id"]
+    assert replayed.trigger == Run.Trigger.REPLAY
+    assert (result["resent"], result["created"]) == (1, True)
+    assert (again["run_id"], again["created"]) == (result["run_id"], False)
+
+
+def test_replay_refuses_cutoff_before_original_or_in_future(expired_holds):
+    dispatched = run_json("cleanup_dispatch", "--policy", "expire-holds")
+    before = (timezone.now() - timedelta(days=1)).isoformat()
+    with pytest.raises(CommandError, match="before the original run"):
+        call_command("cleanup_replay", dispatched["run_id"], "--new-cutoff", before)
+    with pytest.raises(CommandError, match="in the future"):
+        call_command("cleanup_replay", dispatched["run_id"], "--new-cutoff",
+                     "2999-01-01T00:00:00+00:00")
+    assert Run.objects.count() == 1
+
+
+def test_replay_of_unknown_run_or_chunk_fails_and_sends_nothing(expired_holds):
+    dispatched = run_json("cleanup_dispatch", "--policy", "expire-holds")
+    OrmQ.objects.all().delete()
+    with pytest.raises(CommandError, match="no run with id"):
+        call_command("cleanup_replay", "00000000-0000-0000-0000-000000000000")
+    with pytest.raises(CommandError, match="has no chunk 7"):
+        call_command("cleanup_replay", dispatched["run_id"], "--chunk", "1", "--chunk", "7")
+    assert OrmQ.objects.count() == 0
+
+
+def test_schedule_command_twice_changes_nothing(db):
+    first = run_json("cleanup_schedule")
+    second = run_json("cleanup_schedule")
+    assert first["created"] == ["cleanup:expire-holds", "cleanup:purge-reminder-attempts"]
+    assert second["unchanged"] == first["created"]
+    assert second["created"] == second["updated"] == second["removed"] == []
+
+
+def test_seed_reservations_creates_the_requested_rows(db):
+    out = StringIO()
+    call_command("seed_reservations", "--tenants", "2", "--expired", "30", "--active", "20",
+                 "--confirmed", "5", "--reminders", "10", "--seed", "7", stdout=out)
+    now = timezone.now()
+    holds = SeatHold.objects
+    assert holds.filter(status="held", expires_at__lte=now).count() == 30
+    assert holds.filter(status="held", expires_at__gt=now).count() == 20
+    assert holds.filter(status="confirmed").count() == 5
+    assert ReminderAttempt.objects.count() == 10
+    assert "Seeded 2 tenants" in out.getvalue()
+
+
+def test_seed_reservations_refuses_bad_counts(db):
+    with pytest.raises(CommandError, match="--tenants must be at least 1"):
+        call_command("seed_reservations", "--tenants", "0", "--expired", "1", "--active", "1")
+    assert SeatHold.objects.count() == 0

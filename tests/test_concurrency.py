@@ -1,0 +1,185 @@
+"""Races against real second connections.
+
+These tests use django_db(transaction=True): each thread opens its own PostgreSQL
+connection, and they must see one another's commits, which the default
+transaction-per-test wrapper would hide.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connection, connections, transaction
+from django_q.models import OrmQ
+
+from cleanup.dispatch import dispatch
+from cleanup.models import Chunk, Run
+from cleanup.worker import Outcome, apply_chunk
+from reservations.models import SeatHold
+from reservations.services import renew_hold
+from tests.conftest import wait_for
+from tests.factories import SeatHoldFactory, SectionFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Worker(threading.Thread):
+    """Run a callable on its own database connection and keep its result or error."""
+
+    def __init__(self, target, *args):
+        super().__init__(daemon=True)
+        self._call = (target, args)
+        self.result = self.error = None
+
+    def run(self) -> None:
+        target, args = self._call
+        try:
+            self.result = target(*args)
+        except BaseException as exc:  # noqa: B036 - reported by the test
+            self.error = exc
+        finally:
+            connections.close_all()
+
+    def outcome(self, timeout: float = 30):
+        self.join(timeout)
+        assert not self.is_alive(), "thread did not finish"
+        if self.error:
+            raise self.error
+        return self.result
+
+
+def waiting_statements(prefix: str) -> int:
+    """Count other sessions whose statement starting with ``prefix`` waits on a lock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE %s AND pid <> pg_backend_pid()",
+            [prefix + "%"],
+        )
+        return cursor.fetchone()[0]
+
+
+def hold_lock_while(pk: int, ready: threading.Event, release: threading.Event, change):
+    with transaction.atomic():
+        change(pk)
+        ready.set()
+        assert release.wait(30)
+
+
+def test_renewal_holding_the_row_lock_survives_a_waiting_delete():
+    hold = SeatHoldFactory(expired=True)
+    chunk = dispatch("expire-holds").run.chunks.get()
+    renewed, release = threading.Event(), threading.Event()
+    renewer = Worker(hold_lock_while, hold.pk, renewed, release, renew_hold)
+    renewer.start()
+    assert renewed.wait(10)
+
+    deleter = Worker(apply_chunk, chunk.message)
+    deleter.start()
+    wait_for(lambda: waiting_statements("DELETE") == 1, what="the DELETE to wait on the row lock")
+    release.set()
+
+    assert renewer.outcome() is None
+    assert deleter.outcome() == Outcome.NOOP
+    assert SeatHold.objects.filter(pk=hold.pk).exists()
+    chunk.refresh_from_db()
+    assert (chunk.state, chunk.rows_deleted, chunk.items_skipped) == ("committed", 0, 1)
+
+
+def test_subquery_delete_would_delete_the_renewed_hold():
+    """Why the predicate must sit in the DELETE's own WHERE: the subquery is not re-checked."""
+    hold = SeatHoldFactory(expired=True)
+    table = SeatHold._meta.db_table
+    renewed, release = threading.Event(), threading.Event()
+    renewer = Worker(hold_lock_while, hold.pk, renewed, release, renew_hold)
+    renewer.start()
+    assert renewed.wait(10)
+
+    def subquery_delete():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f'DELETE FROM "{table}" WHERE id IN (SELECT id FROM "{table}" '
+                "WHERE status = 'held' AND expires_at <= now())"
+            )
+            return cursor.rowcount
+
+    deleter = Worker(subquery_delete)
+    deleter.start()
+    wait_for(lambda: waiting_statements("DELETE") == 1, what="the DELETE to wait on the row lock")
+    release.set()
+
+    renewer.outcome()
+    assert deleter.outcome() == 1
+    assert not SeatHold.objects.filter(pk=hold.pk).exists()
+
+
+def test_concurrent_deliveries_of_one_chunk_delete_and_count_each_row_once():
+    holds = SeatHoldFactory.create_batch(4, expired=True)
+    chunk = dispatch("expire-holds").run.chunks.get()
+    locked, release = threading.Event(), threading.Event()
+    # A third connection holds one hold's row lock so the first delivery's DELETE
+    # waits while the second delivery arrives.
+    blocker = Worker(hold_lock_while, holds[0].pk, locked, release,
+                     lambda pk: SeatHold.objects.select_for_update().get(pk=pk))
+    blocker.start()
+    assert locked.wait(10)
+
+    deliveries = [Worker(apply_chunk, chunk.message) for _ in range(2)]
+    for delivery in deliveries:
+        delivery.start()
+    wait_for(lambda: waiting_statements("DELETE") == 1, what="the first DELETE to wait")
+    wait_for(lambda: waiting_statements("SELECT") >= 1, what="the duplicate to wait")
+    release.set()
+
+    blocker.outcome()
+    outcomes = sorted(d.outcome() for d in deliveries)
+    assert outcomes == [Outcome.DELETED, Outcome.NOOP]
+    chunk.refresh_from_db()
+    assert (chunk.rows_deleted, chunk.deliveries, chunk.noop_deliveries) == (4, 2, 1)
+    assert SeatHold.objects.count() == 0
+
+
+def test_lock_timeout_is_retried_inside_the_task(settings):
+    settings.CLEANUP_LOCK_TIMEOUT_MS = 100
+    settings.CLEANUP_TRANSIENT_RETRIES = 6
+    settings.CLEANUP_TRANSIENT_BACKOFF = 0.05
+    hold = SeatHoldFactory(expired=True)
+    chunk = dispatch("expire-holds").run.chunks.get()
+    locked, release = threading.Event(), threading.Event()
+    blocker = Worker(hold_lock_while, hold.pk, locked, release,
+                     lambda pk: SeatHold.objects.select_for_update().get(pk=pk))
+    blocker.start()
+    assert locked.wait(10)
+
+    delivery = Worker(apply_chunk, chunk.message)
+    delivery.start()
+    time.sleep(0.3)  # longer than the lock timeout: the first attempt must fail
+    release.set()
+
+    blocker.outcome()
+    assert delivery.outcome() == Outcome.DELETED
+    chunk.refresh_from_db()
+    assert chunk.transient_retries >= 1
+    assert (chunk.state, chunk.rows_deleted, chunk.failures) == ("committed", 1, 0)
+
+
+def test_concurrent_dispatches_with_one_key_give_one_run():
+    SeatHoldFactory.create_batch(3, section=SectionFactory(), expired=True)
+    barrier = threading.Barrier(2)
+
+    def dispatch_at_once():
+        barrier.wait(10)
+        return dispatch("expire-holds", key="nightly-2026-11-29")
+
+    racers = [Worker(dispatch_at_once) for _ in range(2)]
+    for racer in racers:
+        racer.start()
+    results = [r.outcome() for r in racers]
+
+    assert sorted(r.created for r in results) == [False, True]
+    assert results[0].run.pk == results[1].run.pk
+    assert Run.objects.count() == 1
+    assert Chunk.objects.count() == 1
+    assert OrmQ.objects.count() == 1

@@ -1,0 +1,141 @@
+"""Dispatch: a frozen cutoff, one run per key, and run, chunks and messages in one commit."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from django_q.models import OrmQ
+from django_q.signing import SignedPackage
+
+from cleanup import dispatch as dispatch_module
+from cleanup.dispatch import CHUNK_TASK, dispatch
+from cleanup.exceptions import BadCutoff, BadScheme, UnknownPolicy
+from cleanup.models import Chunk, Run
+from tests.conftest import chunks_of
+from tests.factories import ReminderAttemptFactory, SeatHoldFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def test_cutoff_is_frozen_once_on_the_run_and_in_every_message(expired_holds, chunk_size):
+    chunk_size("expire-holds", 2)
+    result = dispatch("expire-holds")
+
+    chunks = chunks_of(result.run)
+    assert len(chunks) == 3
+    assert {c.message["cutoff"] for c in chunks} == {result.run.cutoff.isoformat()}
+    assert result.run.cutoff <= timezone.now()
+
+
+def test_future_cutoff_is_refused_and_nothing_written(expired_holds):
+    with pytest.raises(BadCutoff, match="in the future"):
+        dispatch("expire-holds", cutoff=timezone.now() + timedelta(minutes=1))
+    assert Run.objects.count() == 0
+
+
+def test_naive_cutoff_is_refused(expired_holds):
+    with pytest.raises(BadCutoff, match="no timezone"):
+        dispatch("expire-holds", cutoff=timezone.now().replace(tzinfo=None))
+
+
+def test_unknown_policy_and_scheme_are_refused(db):
+    with pytest.raises(UnknownPolicy, match="expire-holds"):
+        dispatch("no-such-policy")
+    with pytest.raises(BadScheme):
+        dispatch("expire-holds", scheme="diagonal")
+    assert Run.objects.count() == 0
+
+
+def test_two_dispatches_with_one_key_give_one_run(expired_holds):
+    first = dispatch("expire-holds", key="k1")
+    second = dispatch("purge-reminder-attempts", key="k1", scheme="range")
+
+    assert (first.created, second.created) == (True, False)
+    assert second.run.pk == first.run.pk
+    assert second.policy == "expire-holds"
+    assert Run.objects.count() == 1
+
+
+def test_run_chunks_and_queue_messages_commit_together(expired_holds, chunk_size):
+    chunk_size("expire-holds", 2)
+    run = dispatch("expire-holds").run
+
+    queued = [SignedPackage.loads(q.payload) for q in OrmQ.objects.order_by("id")]
+    assert [task["func"] for task in queued] == [CHUNK_TASK] * 3
+    assert [task["args"][0] for task in queued] == [c.message for c in chunks_of(run)]
+    assert {c.state for c in chunks_of(run)} == {Chunk.State.ENQUEUED}
+
+
+def test_failure_while_planning_leaves_no_run_chunk_or_message(expired_holds, monkeypatch):
+    def broken_send(chunks):
+        raise RuntimeError("injected: broker down")
+
+    monkeypatch.setattr(dispatch_module, "send", broken_send)
+    with pytest.raises(RuntimeError):
+        dispatch("expire-holds", key="k2")
+
+    assert (Run.objects.count(), Chunk.objects.count(), OrmQ.objects.count()) == (0, 0, 0)
+
+
+def test_items_chunks_carry_pk_and_observed_expiry(expired_holds, section):
+    SeatHoldFactory(section=section)  # active: not a candidate
+    result = dispatch("expire-holds")
+
+    (chunk,) = chunks_of(result.run)
+    expected = [[h.pk, h.expires_at.isoformat()] for h in expired_holds]
+    assert chunk.message["items"] == expected
+    assert chunk.message["version"] == 2
+    assert result.candidates == 5
+
+
+def test_empty_backlog_gives_a_completed_run_without_chunks(db):
+    result = dispatch("expire-holds")
+    assert (result.chunks, result.run.state) == (0, Run.State.COMPLETED)
+
+
+def test_dry_run_counts_and_writes_nothing(expired_holds, chunk_size):
+    chunk_size("expire-holds", 2)
+    result = dispatch("expire-holds", dry_run=True)
+
+    assert (result.run, result.candidates, result.chunks) == (None, 5, 3)
+    assert (Run.objects.count(), OrmQ.objects.count()) == (0, 0)
+
+
+def test_any_policy_can_use_the_other_scheme(expired_holds):
+    result = dispatch("expire-holds", scheme="range")
+    (chunk,) = chunks_of(result.run)
+    assert chunk.message["tenant_id"] == expired_holds[0].tenant_id
+    assert chunk.message["start_id"] == expired_holds[0].pk
+    assert chunk.message["end_id"] == expired_holds[-1].pk + 1
+
+
+def test_sync_dispatch_applies_chunks_without_the_queue(expired_holds):
+    result = dispatch("expire-holds", sync=True)
+
+    result.run.refresh_from_db()
+    assert result.run.state == Run.State.COMPLETED
+    assert OrmQ.objects.count() == 0
+    assert {c.state for c in chunks_of(result.run)} == {Chunk.State.ACKNOWLEDGED}
+
+
+def test_django_q_sync_mode_applies_chunks_after_the_run_commits(expired_holds, q_sync):
+    result = dispatch("expire-holds")
+    result.run.refresh_from_db()
+    assert result.run.state == Run.State.COMPLETED
+    assert sum(c.rows_deleted for c in chunks_of(result.run)) == 5
+
+
+def test_range_scheme_plans_per_tenant(db, chunk_size):
+    chunk_size("purge-reminder-attempts", 2)
+    first, second = ReminderAttemptFactory.create_batch(2, stale=True)
+    ReminderAttemptFactory.create_batch(3, stale=True, tenant=first.tenant)
+    ReminderAttemptFactory(tenant=first.tenant)  # within retention
+
+    chunks = chunks_of(dispatch("purge-reminder-attempts").run)
+
+    per_tenant = {}
+    for c in chunks:
+        per_tenant.setdefault(c.message["tenant_id"], []).append(c.planned_rows)
+    assert per_tenant == {first.tenant_id: [2, 2], second.tenant_id: [1]}

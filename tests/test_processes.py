@@ -1,0 +1,118 @@
+"""Real processes: a qcluster doing the work, and workers that die mid-chunk.
+
+transaction=True throughout: the subprocesses connect to the test database on their
+own and must see what the test committed.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+from django_q.models import OrmQ
+
+from cleanup.dispatch import dispatch
+from cleanup.models import Chunk, Run
+from cleanup.worker import Outcome, apply_chunk
+from reservations.models import SeatHold
+from tests.conftest import ROOT, manage, subprocess_env, wait_for
+from tests.factories import ReminderAttemptFactory, SeatHoldFactory, SectionFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Short leases so a redelivery takes seconds: timeout 4 s, retry 6 s.
+QCLUSTER_ENV = {"Q_TIMEOUT": "4", "Q_RETRY": "6", "Q_POLL": "0.1", "Q_WORKERS": "2"}
+
+
+@pytest.fixture
+def qcluster():
+    processes = []
+
+    def start():
+        process = manage("qcluster", **QCLUSTER_ENV)
+        processes.append(process)
+        return process
+
+    yield start
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@pytest.mark.qcluster
+def test_qcluster_applies_runs_and_redelivery_after_commit_is_noop(qcluster, chunk_size):
+    section = SectionFactory()
+    SeatHoldFactory.create_batch(6, section=section, expired=True)
+    survivor = SeatHoldFactory(section=section)
+    ReminderAttemptFactory.create_batch(3, stale=True)
+    chunk_size("expire-holds", 2)
+    holds_run = dispatch("expire-holds").run
+    reminders_run = dispatch("purge-reminder-attempts").run
+    first = holds_run.chunks.get(seq=1)
+    # A worker that committed chunk 1 and died before django-q2 acknowledged it: the
+    # message is still in the queue.
+    apply_chunk(first.message)
+    assert OrmQ.objects.count() == 3 + 3
+
+    qcluster()
+    wait_for(
+        lambda: not Chunk.objects.exclude(state=Chunk.State.ACKNOWLEDGED).exists(),
+        timeout=60,
+        what="every chunk acknowledged",
+    )
+
+    assert list(SeatHold.objects.all()) == [survivor]
+    for run in (holds_run, reminders_run):
+        run.refresh_from_db()
+        assert run.state == Run.State.COMPLETED
+    first.refresh_from_db()
+    assert (first.deliveries, first.noop_deliveries, first.rows_deleted) == (2, 1, 2)
+    assert sum(c.rows_deleted for c in holds_run.chunks.all()) == 6
+    wait_for(lambda: OrmQ.objects.count() == 0, what="the queue to drain")
+
+
+KILL_MID_CHUNK = """
+import json, os, signal, sys
+import django
+django.setup()
+from cleanup import worker
+
+def die_before_commit(*args):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+worker._record_commit = die_before_commit
+worker.apply_chunk(json.loads(sys.argv[1]))
+"""
+
+
+def test_poison_chunk_killing_its_worker_is_dead_lettered_after_the_limit(settings):
+    settings.CLEANUP_MAX_UNFINISHED_DELIVERIES = 3
+    SeatHoldFactory.create_batch(2, expired=True)
+    chunk = dispatch("expire-holds").run.chunks.get()
+
+    for _ in range(3):
+        process = subprocess.run(
+            [sys.executable, "-c", KILL_MID_CHUNK, json.dumps(chunk.message)],
+            cwd=ROOT, env=subprocess_env(DJANGO_SETTINGS_MODULE="config.settings"),
+            capture_output=True, text=True, timeout=60,
+        )
+        assert process.returncode == -signal.SIGKILL, process.stdout + process.stderr
+
+    chunk.refresh_from_db()
+    assert (chunk.deliveries, chunk.deliveries_completed, chunk.state) == (3, 0, "enqueued")
+    assert SeatHold.objects.count() == 2  # each killed DELETE rolled back
+
+    assert apply_chunk(chunk.message) == Outcome.DEAD_LETTERED
+
+    chunk.refresh_from_db()
+    assert chunk.state == Chunk.State.DEAD_LETTERED
+    assert chunk.run.state == Run.State.COMPLETED_WITH_DEAD_LETTERS
+    assert SeatHold.objects.count() == 2

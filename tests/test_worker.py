@@ -1,0 +1,326 @@
+"""The worker's outcomes: one conditional DELETE per chunk, committed with its ledger row."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import OperationalError, connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from cleanup import worker
+from cleanup.dispatch import dispatch
+from cleanup.models import Chunk, OrphanMessage, Run
+from cleanup.worker import Outcome, apply_chunk
+from reservations.models import SeatHold
+from reservations.services import confirm_hold, renew_hold
+from tests.conftest import chunks_of
+from tests.factories import ReminderAttemptFactory, SeatHoldFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def only_chunk(run: Run) -> Chunk:
+    (chunk,) = chunks_of(run)
+    return chunk
+
+
+def test_delivery_deletes_expired_holds_and_commits_the_chunk(expired_holds, section):
+    active = SeatHoldFactory(section=section)
+    run = dispatch("expire-holds").run
+    chunk = only_chunk(run)
+
+    assert apply_chunk(chunk.message) == Outcome.DELETED
+
+    chunk.refresh_from_db()
+    run.refresh_from_db()
+    assert chunk.state == Chunk.State.COMMITTED
+    assert chunk.rows_deleted == 5
+    assert (chunk.deliveries, chunk.deliveries_completed, chunk.noop_deliveries) == (1, 1, 0)
+    assert run.state == Run.State.COMPLETED
+    assert list(SeatHold.objects.all()) == [active]
+
+
+def test_same_chunk_delivered_twice_second_is_noop(expired_holds):
+    chunk = only_chunk(dispatch("expire-holds").run)
+    apply_chunk(chunk.message)
+
+    assert apply_chunk(chunk.message) == Outcome.NOOP
+
+    chunk.refresh_from_db()
+    assert chunk.rows_deleted == 5
+    assert (chunk.deliveries, chunk.deliveries_completed, chunk.noop_deliveries) == (2, 2, 1)
+
+
+def test_hold_renewed_or_confirmed_after_planning_survives(expired_holds):
+    renewed, confirmed, *others = expired_holds
+    chunk = only_chunk(dispatch("expire-holds").run)
+    renew_hold(renewed.pk)
+    confirm_hold(confirmed.pk)
+
+    apply_chunk(chunk.message)
+
+    chunk.refresh_from_db()
+    assert set(SeatHold.objects.values_list("pk", flat=True)) == {renewed.pk, confirmed.pk}
+    assert (chunk.rows_deleted, chunk.items_skipped) == (3, 2)
+
+
+def test_failure_just_before_commit_changes_nothing_and_retry_succeeds(
+    expired_holds, monkeypatch
+):
+    chunk = only_chunk(dispatch("expire-holds").run)
+    real_record = worker._record_commit
+    calls = []
+
+    def connection_lost_before_commit(*args):
+        real_record(*args)  # the DELETE and the ledger update ran, not yet committed
+        calls.append(SeatHold.objects.count())
+        if len(calls) == 1:
+            raise OperationalError("injected: connection lost before commit")
+
+    monkeypatch.setattr(worker, "_record_commit", connection_lost_before_commit)
+
+    assert apply_chunk(chunk.message) == Outcome.DELETED
+
+    chunk.refresh_from_db()
+    assert calls == [0, 0]  # the first attempt rolled back: the retry deleted again
+    assert (chunk.rows_deleted, chunk.transient_retries, chunk.deliveries_completed) == (5, 1, 1)
+    assert SeatHold.objects.count() == 0
+
+
+def test_transient_error_outlasting_retries_is_raised_for_redelivery(
+    expired_holds, monkeypatch, settings
+):
+    settings.CLEANUP_TRANSIENT_RETRIES = 2
+    chunk = only_chunk(dispatch("expire-holds").run)
+    real_record = worker._record_commit
+
+    def always_lost(*args):
+        real_record(*args)
+        raise OperationalError("injected: connection lost before commit")
+
+    monkeypatch.setattr(worker, "_record_commit", always_lost)
+    with pytest.raises(OperationalError):
+        apply_chunk(chunk.message)
+
+    chunk.refresh_from_db()
+    assert SeatHold.objects.count() == 5
+    assert (chunk.state, chunk.rows_deleted, chunk.failures) == (Chunk.State.RETRYING, 0, 1)
+    assert "connection lost" in chunk.last_error
+
+    monkeypatch.setattr(worker, "_record_commit", real_record)
+    assert apply_chunk(chunk.message) == Outcome.DELETED  # the broker's redelivery
+    assert SeatHold.objects.count() == 0
+
+
+def test_deterministic_error_is_dead_lettered_at_once(expired_holds, monkeypatch):
+    chunk = only_chunk(dispatch("expire-holds").run)
+
+    def bug(*args):
+        raise TypeError("injected programming error")
+
+    monkeypatch.setattr(worker, "_record_commit", bug)
+
+    assert apply_chunk(chunk.message) == Outcome.DEAD_LETTERED
+    chunk.refresh_from_db()
+    assert chunk.state == Chunk.State.DEAD_LETTERED
+    assert "injected programming error" in chunk.last_error
+    assert SeatHold.objects.count() == 5
+
+
+def test_redelivery_after_commit_without_ack_is_noop(expired_holds):
+    chunk = only_chunk(dispatch("expire-holds").run)
+    apply_chunk(chunk.message)  # committed; the worker "dies" before django-q2 acks
+    SeatHoldFactory(section=expired_holds[0].section, expired=True)  # a newer expired hold
+
+    assert apply_chunk(chunk.message) == Outcome.NOOP
+
+    chunk.refresh_from_db()
+    assert chunk.state == Chunk.State.COMMITTED
+    assert chunk.rows_deleted == 5
+    assert SeatHold.objects.count() == 1
+
+
+def test_cutoff_stays_frozen_when_the_clock_moves_on(section, chunk_size):
+    cutoff = timezone.now() - timedelta(hours=2)
+    old = SeatHoldFactory(section=section, expires_at=cutoff - timedelta(minutes=5))
+    # Expired by now, but not at the frozen cutoff: a later delivery must leave it.
+    later = SeatHoldFactory(section=section, expires_at=cutoff + timedelta(minutes=30))
+    run = dispatch("expire-holds", scheme="range", cutoff=cutoff).run
+
+    for chunk in chunks_of(run):
+        apply_chunk(chunk.message)
+
+    assert list(SeatHold.objects.all()) == [later]
+    assert not SeatHold.objects.filter(pk=old.pk).exists()
+
+
+def test_captured_delete_carries_the_whole_predicate_in_its_own_where(expired_holds):
+    chunk = only_chunk(dispatch("expire-holds").run)
+
+    with CaptureQueriesContext(connection) as queries:
+        apply_chunk(chunk.message)
+
+    statements = [q["sql"] for q in queries.captured_queries]
+    deletes = [s for s in statements if s.lstrip().upper().startswith("DELETE")]
+    assert len(deletes) == 1, statements
+    (delete,) = deletes
+    table = SeatHold._meta.db_table
+    assert delete.startswith(f'DELETE FROM "{table}" WHERE')
+    where = delete.split(" WHERE ", 1)[1]
+    assert f'"{table}"."status" = \'held\'' in where
+    assert f'"{table}"."expires_at" <=' in where
+    assert f'"{table}"."expires_at" = ' in where
+    assert "SELECT" not in delete.upper()
+    # Never read the holds first and delete them by pk.
+    assert not any(
+        s.upper().startswith("SELECT") and f'FROM "{table}"' in s for s in statements
+    )
+
+
+def test_range_delete_carries_tenant_bounds_and_predicate(db):
+    stale = ReminderAttemptFactory.create_batch(3, stale=True)
+    run = dispatch("purge-reminder-attempts").run
+
+    with CaptureQueriesContext(connection) as queries:
+        for chunk in chunks_of(run):
+            apply_chunk(chunk.message)
+
+    deletes = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("DELETE")]
+    assert len(deletes) == len(stale)  # three tenants, one range each
+    for delete in deletes:
+        where = delete.split(" WHERE ", 1)[1]
+        assert "SELECT" not in where
+        for column in ('"sent_at" <=', '"tenant_id" =', '"id" >=', '"id" <'):
+            assert column in where
+
+
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        ({"version": 99, "run_id": None, "chunk_id": 1}, "unknown message version 99"),
+        ("not json at all", "not a JSON object"),
+        ({"version": 2}, "run_id is missing"),
+    ],
+)
+def test_unidentifiable_bad_message_is_kept_as_orphan(db, raw, reason):
+    assert apply_chunk(raw) == Outcome.DEAD_LETTERED
+    (orphan,) = OrphanMessage.objects.all()
+    assert reason in orphan.error
+    assert orphan.raw
+
+
+def test_unknown_version_is_dead_lettered_with_its_run_identified(expired_holds):
+    chunk = only_chunk(dispatch("expire-holds").run)
+    message = {**chunk.message, "version": 3}
+
+    assert apply_chunk(message) == Outcome.DEAD_LETTERED
+
+    chunk.refresh_from_db()
+    assert chunk.state == Chunk.State.DEAD_LETTERED
+    assert "unknown message version 3" in chunk.last_error
+    assert chunk.run.state == Run.State.COMPLETED_WITH_DEAD_LETTERS
+    assert SeatHold.objects.count() == 5
+
+
+def test_malformed_message_is_dead_lettered_with_its_run_identified(expired_holds):
+    chunk = only_chunk(dispatch("expire-holds").run)
+    message = {**chunk.message, "items": [["x"]]}
+
+    assert apply_chunk(message) == Outcome.DEAD_LETTERED
+
+    chunk.refresh_from_db()
+    assert chunk.state == Chunk.State.DEAD_LETTERED
+    assert "pair" in chunk.last_error
+    assert OrphanMessage.objects.count() == 0
+
+
+def test_previous_message_version_is_still_understood(expired_holds):
+    chunk = only_chunk(dispatch("expire-holds").run)
+    v1 = {**chunk.message, "version": 1, "batch_id": chunk.seq}
+    del v1["chunk_id"]
+
+    assert apply_chunk(v1) == Outcome.DELETED
+    assert SeatHold.objects.count() == 0
+
+
+def test_message_for_a_chunk_that_does_not_exist_is_an_orphan(expired_holds):
+    chunk = only_chunk(dispatch("expire-holds").run)
+    message = {**chunk.message, "chunk_id": 999}
+
+    assert apply_chunk(message) == Outcome.DEAD_LETTERED
+    assert "has no chunk 999" in OrphanMessage.objects.get().error
+    assert SeatHold.objects.count() == 5
+
+
+def test_message_whose_cutoff_differs_from_its_run_is_refused(expired_holds):
+    chunk = only_chunk(dispatch("expire-holds").run)
+    message = {**chunk.message, "cutoff": timezone.now().isoformat()}
+
+    assert apply_chunk(message) == Outcome.DEAD_LETTERED
+    assert SeatHold.objects.count() == 5
+
+
+def test_poison_chunk_is_dead_lettered_after_the_limit(expired_holds, settings):
+    settings.CLEANUP_MAX_UNFINISHED_DELIVERIES = 3
+    chunk = only_chunk(dispatch("expire-holds").run)
+    # Three deliveries that started and never completed (their worker was killed);
+    # tests/test_processes.py kills real processes, this pins the arithmetic.
+    Chunk.objects.filter(pk=chunk.pk).update(deliveries=3)
+
+    assert apply_chunk(chunk.message) == Outcome.DEAD_LETTERED
+
+    chunk.refresh_from_db()
+    assert chunk.state == Chunk.State.DEAD_LETTERED
+    assert "3 deliveries started without completing" in chunk.last_error
+    assert SeatHold.objects.count() == 5
+
+
+def test_chunk_delivered_three_times_healthily_is_not_dead_lettered(expired_holds, settings):
+    settings.CLEANUP_MAX_UNFINISHED_DELIVERIES = 3
+    chunk = only_chunk(dispatch("expire-holds").run)
+
+    outcomes = [apply_chunk(chunk.message) for _ in range(4)]
+
+    chunk.refresh_from_db()
+    assert outcomes == [Outcome.DELETED, Outcome.NOOP, Outcome.NOOP, Outcome.NOOP]
+    assert chunk.state == Chunk.State.COMMITTED
+
+
+def test_committed_chunk_is_never_dead_lettered(expired_holds, settings):
+    settings.CLEANUP_MAX_UNFINISHED_DELIVERIES = 1
+    chunk = only_chunk(dispatch("expire-holds").run)
+    apply_chunk(chunk.message)
+    Chunk.objects.filter(pk=chunk.pk).update(deliveries=10)
+
+    assert apply_chunk(chunk.message) == Outcome.NOOP
+    chunk.refresh_from_db()
+    assert chunk.state == Chunk.State.COMMITTED
+
+
+def test_requeued_dead_letter_gets_a_fresh_delivery_limit(expired_holds, settings):
+    from cleanup.replay import replay
+
+    settings.CLEANUP_MAX_UNFINISHED_DELIVERIES = 2
+    chunk = only_chunk(dispatch("expire-holds").run)
+    Chunk.objects.filter(pk=chunk.pk).update(deliveries=2)
+    apply_chunk(chunk.message)
+
+    replay(chunk.run_id, chunk_ids=[chunk.seq])
+
+    assert apply_chunk(chunk.message) == Outcome.DELETED
+    chunk.refresh_from_db()
+    assert chunk.run.state == Run.State.COMPLETED
+    assert chunk.failures == 1  # counters only add
+
+
+def test_idempotency_keys_are_logged_at_debug(expired_holds, caplog):
+    chunk = only_chunk(dispatch("expire-holds").run)
+    hold = expired_holds[0]
+
+    with caplog.at_level("DEBUG", logger="cleanup.worker"):
+        apply_chunk(chunk.message)
+
+    assert f"expire-reservation:{hold.pk}:{hold.expires_at.isoformat()}" in caplog.text
+    assert f"chunk_id={chunk.seq}" in caplog.text or f"'chunk_id': {chunk.seq}" in caplog.text
