@@ -51,11 +51,11 @@ class Worker(threading.Thread):
 
 
 def waiting_statements(prefix: str) -> int:
-    """Count other sessions whose statement starting with ``prefix`` waits on a lock."""
+    """Count other sessions whose statement starting with ``prefix`` waits in pg_locks."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE %s AND pid <> pg_backend_pid()",
+            "SELECT count(DISTINCT l.pid) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+            "WHERE NOT l.granted AND a.query LIKE %s AND l.pid <> pg_backend_pid()",
             [prefix + "%"],
         )
         return cursor.fetchone()[0]

@@ -322,5 +322,11 @@ def test_idempotency_keys_are_logged_at_debug(expired_holds, caplog):
     with caplog.at_level("DEBUG", logger="cleanup.worker"):
         apply_chunk(chunk.message)
 
-    assert f"expire-reservation:{hold.pk}:{hold.expires_at.isoformat()}" in caplog.text
-    assert f"chunk_id={chunk.seq}" in caplog.text or f"'chunk_id': {chunk.seq}" in caplog.text
+    events = [r.msg for r in caplog.records if isinstance(r.msg, dict)]
+    keys = [e["idempotency_key"] for e in events if "idempotency_key" in e]
+    assert f"expire-reservation:{hold.pk}:{hold.expires_at.isoformat()}" in keys
+    assert len(keys) == 5
+    (outcome,) = [e for e in events if e["event"] == "chunk outcome"]
+    assert (outcome["run_id"], outcome["chunk_id"], outcome["outcome"]) == (
+        str(chunk.run_id), chunk.seq, "deleted")
+    assert (outcome["rows_deleted"], outcome["policy"]) == (5, "expire-holds")
