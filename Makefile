@@ -5,7 +5,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint test demo
+.PHONY: install lint test demo serve
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -24,3 +24,9 @@ test: lint
 demo: $(STAMP)
 	$(PYTHON) manage.py migrate --verbosity 0
 	$(PYTHON) manage.py run_demo --noinput
+
+# The admin console on http://127.0.0.1:8000/admin/ (create a user first with
+# `.venv/bin/python manage.py createsuperuser`); run `make demo` before for data.
+serve: $(STAMP)
+	$(PYTHON) manage.py migrate --verbosity 0
+	$(PYTHON) manage.py runserver 127.0.0.1:8000

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.conf import settings
 
 DEFAULTS = {
@@ -17,6 +19,8 @@ DEFAULTS = {
     # PostgreSQL lock_timeout for a chunk's transaction, in milliseconds: a DELETE
     # stuck behind a long renewal gives up and is retried rather than hanging.
     "LOCK_TIMEOUT_MS": 5000,
+    # A schedule slot with no run this long after it was due is a missed schedule.
+    "SCHEDULE_GRACE_SECONDS": 120,
 }
 
 
@@ -37,3 +41,10 @@ class PrefixedSettings:
 
 
 conf = PrefixedSettings("CLEANUP", DEFAULTS)
+
+
+def lease() -> timedelta:
+    """How long a chunk may go without finishing before it counts as stalled: the
+    broker's redelivery lease plus the task timeout."""
+    q_cluster = getattr(settings, "Q_CLUSTER", {})
+    return timedelta(seconds=q_cluster.get("retry", 60) + q_cluster.get("timeout", 0))

@@ -18,6 +18,7 @@ from cleanup.cutoffs import frozen_cutoff
 from cleanup.models import Chunk, Run
 from cleanup.planning import PlannedChunk, plan
 from cleanup.policies import Policy, check_scheme, get_policy
+from cleanup.preview import preview
 
 log = structlog.get_logger("cleanup.dispatch")
 
@@ -56,13 +57,18 @@ def dispatch(
     if key is not None and not dry_run:
         existing = Run.objects.filter(dispatch_key=key).first()
         if existing is not None:
+            if sync:
+                # Finish what an interrupted --sync run of this key left unapplied.
+                apply_in_process(existing)
             return _existing(existing)
     policy = get_policy(policy_name)
     scheme = check_scheme(scheme, policy)
     cutoff = frozen_cutoff(cutoff, not_before=replay_of.cutoff if replay_of else None)
     if dry_run:
-        planned = list_counts(plan(policy, cutoff, scheme))
-        return DispatchResult(None, False, policy.name, scheme, cutoff, *planned, dry_run=True)
+        counted = preview(policy, cutoff, scheme)
+        return DispatchResult(
+            None, False, policy.name, scheme, cutoff, counted.rows, counted.chunks, dry_run=True
+        )
 
     key = key or f"command:{uuid.uuid4()}"
     # django-q2's sync mode would run each task inside this transaction, before the
@@ -122,15 +128,6 @@ def apply_in_process(run: Run) -> None:
         Chunk.objects.filter(pk=chunk.pk, state=Chunk.State.COMMITTED).update(
             state=Chunk.State.ACKNOWLEDGED, acknowledged_at=timezone.now()
         )
-
-
-def list_counts(planned: Iterable[PlannedChunk]) -> tuple[int, int]:
-    """Return (rows, chunks) of a plan without keeping it."""
-    rows = chunks = 0
-    for chunk in planned:
-        rows += chunk.rows
-        chunks += 1
-    return rows, chunks
 
 
 def _plan_and_send(run: Run, policy: Policy, *, sync: bool) -> tuple[int, int]:

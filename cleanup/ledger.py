@@ -15,23 +15,29 @@ from cleanup.models import Chunk, OrphanMessage, Run
 log = structlog.get_logger("cleanup.ledger")
 
 
-def finish_run_if_done(run_id) -> None:
-    """Close a running run once none of its chunks is unfinished.
+def settle_run(run_id) -> Run:
+    """Bring a run's state in line with its chunks; a cancelled run stays cancelled.
 
-    Locking the run row serialises the last chunks of a run: a chunk committing at
-    the same moment waits here, then its count sees this one's commit.
+    Running while any chunk is unfinished; then completed, or completed with dead
+    letters. Locking the run row serialises the last chunks of a run: a chunk
+    committing at the same moment waits here, then its count sees this one's commit.
     """
     run = Run.objects.select_for_update().get(pk=run_id)
-    if run.state != Run.State.RUNNING:
-        return
+    if run.state == Run.State.CANCELLED:
+        return run
     chunks = Chunk.objects.filter(run_id=run_id)
     if chunks.filter(state__in=Chunk.UNFINISHED).exists():
-        return
-    dead = chunks.filter(state=Chunk.State.DEAD_LETTERED).exists()
-    run.state = Run.State.COMPLETED_WITH_DEAD_LETTERS if dead else Run.State.COMPLETED
-    run.finished_at = timezone.now()
-    run.save(update_fields=["state", "finished_at"])
-    log.info("run finished", run_id=str(run.id), policy=run.policy, state=str(run.state))
+        state = Run.State.RUNNING
+    elif chunks.filter(state=Chunk.State.DEAD_LETTERED).exists():
+        state = Run.State.COMPLETED_WITH_DEAD_LETTERS
+    else:
+        state = Run.State.COMPLETED
+    if state != run.state:
+        run.state = state
+        run.finished_at = None if state == Run.State.RUNNING else timezone.now()
+        run.save(update_fields=["state", "finished_at"])
+        log.info("run settled", run_id=str(run.id), policy=run.policy, state=str(state))
+    return run
 
 
 def dead_letter(chunk: Chunk, reason: str) -> bool:
@@ -44,7 +50,7 @@ def dead_letter(chunk: Chunk, reason: str) -> bool:
             failures=F("failures") + 1,
         )
         if updated:
-            finish_run_if_done(chunk.run_id)
+            settle_run(chunk.run_id)
     if updated:
         log.warning(
             "chunk dead-lettered",

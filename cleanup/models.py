@@ -41,6 +41,13 @@ class Run(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["policy", "-created_at"])]
+        permissions = [
+            ("replay", "Can replay runs and chunks"),
+            ("requeue", "Can requeue dead-lettered chunks"),
+            ("discard", "Can discard dead-lettered chunks"),
+            ("dispatch", "Can dispatch a policy now"),
+            ("cancel", "Can cancel runs"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.policy} run {self.id}"
@@ -82,12 +89,14 @@ class Chunk(models.Model):
         default=0, help_text="Planned rows no longer eligible when the chunk ran."
     )
     last_error = models.TextField(blank=True)
+    discard_reason = models.TextField(blank=True)
     planned_at = models.DateTimeField(default=timezone.now)
     enqueued_at = models.DateTimeField(null=True, blank=True)
     last_delivery_at = models.DateTimeField(null=True, blank=True)
     committed_at = models.DateTimeField(null=True, blank=True)
     acknowledged_at = models.DateTimeField(null=True, blank=True)
     dead_lettered_at = models.DateTimeField(null=True, blank=True)
+    discarded_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["run", "seq"]
@@ -110,3 +119,12 @@ class OrphanMessage(models.Model):
 
     def __str__(self) -> str:
         return f"orphan message {self.pk}"
+
+
+class CleanupOverview(Run):
+    """The admin's "Cleanup overview" page; a proxy so the admin index links to it."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "Cleanup overview"
+        verbose_name_plural = "Cleanup overview"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.apps import apps
 from django.db import models
@@ -38,6 +38,9 @@ class Policy:
     schedule: str | None = None
     # Prefix of the per-item key logged at debug level: "<prefix>:<pk>:<observed>".
     key_prefix: str | None = None
+    # How long after its observed value a row becomes eligible (a retention period);
+    # the backlog's age is measured from then.
+    eligible_after: Callable[[], timedelta] | None = None
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
@@ -60,6 +63,10 @@ class Policy:
 
     def eligible_rows(self, cutoff: datetime) -> models.QuerySet:
         return self.model._default_manager.filter(self.eligible(cutoff))
+
+    def eligible_since(self, observed: datetime) -> datetime:
+        """When a row whose observed value is ``observed`` became eligible."""
+        return observed + (self.eligible_after() if self.eligible_after else timedelta(0))
 
 
 _registry: dict[str, Policy] = {}

@@ -7,10 +7,10 @@ from datetime import datetime
 
 import structlog
 from django.db import transaction
-from django.utils import timezone
 
+from cleanup import operations
 from cleanup.dispatch import dispatch, send
-from cleanup.exceptions import UnknownChunk
+from cleanup.exceptions import CleanupError
 from cleanup.models import Chunk, Run
 from cleanup.status import get_run
 
@@ -52,34 +52,17 @@ def replay(
         )
         return ReplayResult(result.run, result.chunks, 0, created=result.created)
 
+    if run.state == Run.State.CANCELLED:
+        raise CleanupError(f"run {run.id} is cancelled; replay it with a new cutoff instead")
+    # No lock on the run here: workers lock a chunk, then its run; requeue() below
+    # keeps that order, so a replay never deadlocks with a committing chunk.
     with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=run.pk)
-        chunks = run.chunks.select_for_update().order_by("seq")
-        if chunk_ids:
-            chunks = chunks.filter(seq__in=chunk_ids)
-            missing = sorted(set(chunk_ids) - {c.seq for c in chunks})
-            if missing:
-                raise UnknownChunk(run.id, missing)
-        resend = [c for c in chunks if c.state not in NOT_RESENT]
-        requeued = [c.pk for c in resend if c.state == Chunk.State.DEAD_LETTERED]
-        if requeued:
-            requeue(run, requeued)
-        send(resend)
-    log.info("run replayed", run_id=str(run.id), policy=run.policy, resent=len(resend),
-             requeued=len(requeued), cutoff=run.cutoff.isoformat())
-    return ReplayResult(run, len(resend), len(chunks) - len(resend))
-
-
-def requeue(run: Run, chunk_pks: list[int]) -> None:
-    """Put dead-lettered chunks back in the queue's hands and reopen their run.
-
-    Their earlier unfinished deliveries are set aside so the poison limit counts
-    afresh; the counters themselves keep adding.
-    """
-    for chunk in Chunk.objects.filter(pk__in=chunk_pks, state=Chunk.State.DEAD_LETTERED):
-        chunk.unfinished_forgiven = chunk.deliveries - chunk.deliveries_completed
-        chunk.state = Chunk.State.ENQUEUED
-        chunk.enqueued_at = timezone.now()
-        chunk.save(update_fields=["unfinished_forgiven", "state", "enqueued_at"])
-    if run.state != Run.State.CANCELLED:
-        Run.objects.filter(pk=run.pk).update(state=Run.State.RUNNING, finished_at=None)
+        pks = operations.chunk_pks(run, chunk_ids)
+        chunks = list(Chunk.objects.filter(pk__in=pks).exclude(state__in=NOT_RESENT))
+        requeued = operations.requeue(
+            [c.pk for c in chunks if c.state == Chunk.State.DEAD_LETTERED], resend=False
+        )
+        send(chunks)
+    log.info("run replayed", run_id=str(run.id), policy=run.policy, resent=len(chunks),
+             requeued=requeued.done, cutoff=run.cutoff.isoformat())
+    return ReplayResult(run, len(chunks), len(pks) - len(chunks))

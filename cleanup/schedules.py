@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
+import structlog
 from django.db import transaction
+from django.utils import timezone
 from django_q.models import Schedule
 
+from cleanup.conf import lease
+from cleanup.dispatch import dispatch
+from cleanup.models import Run
 from cleanup.policies import all_policies
+
+log = structlog.get_logger("cleanup.schedules")
 
 DISPATCH_TASK = "cleanup.tasks.dispatch_scheduled"
 NAME_PREFIX = "cleanup:"
@@ -62,3 +70,27 @@ def install_schedules() -> ScheduleChanges:
             existing[name].delete()
             changes.removed.append(name)
     return changes
+
+
+def schedule_key(policy: str, slot: datetime) -> str:
+    return f"schedule:{policy}:{slot.isoformat()}"
+
+
+def dispatch_slot(policy: str, slot: datetime) -> Run | None:
+    """Start the run of one schedule slot, keyed by the slot.
+
+    Skipped while a run of the policy started within the lease is still running: it
+    would plan the rows already in flight again. A run older than that is presumed
+    stalled, and the slot dispatches anyway.
+    """
+    in_flight = (
+        Run.objects.filter(policy=policy, state=Run.State.RUNNING,
+                           created_at__gte=timezone.now() - lease())
+        .order_by("-created_at")
+        .first()
+    )
+    if in_flight is not None:
+        log.info("schedule slot skipped", policy=policy, slot=slot.isoformat(),
+                 in_flight_run=str(in_flight.id))
+        return None
+    return dispatch(policy, key=schedule_key(policy, slot), trigger=Run.Trigger.SCHEDULE).run

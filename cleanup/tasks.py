@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from cleanup.dispatch import dispatch
-from cleanup.models import Run
+from cleanup.schedules import dispatch_slot
 from cleanup.worker import apply_chunk as apply_chunk_message
 
 
@@ -14,14 +13,7 @@ def apply_chunk(message) -> str:
     return str(apply_chunk_message(message))
 
 
-def dispatch_scheduled(policy: str, scheduled_for: str) -> str:
+def dispatch_scheduled(policy: str, scheduled_for: str) -> str | None:
     """Start the run of one schedule slot; the slot is the dispatch key."""
-    slot = datetime.fromisoformat(scheduled_for)
-    result = dispatch(
-        policy, key=schedule_key(policy, slot), trigger=Run.Trigger.SCHEDULE
-    )
-    return str(result.run.id)
-
-
-def schedule_key(policy: str, slot: datetime) -> str:
-    return f"schedule:{policy}:{slot.isoformat()}"
+    run = dispatch_slot(policy, datetime.fromisoformat(scheduled_for))
+    return str(run.id) if run else None

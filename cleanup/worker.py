@@ -130,7 +130,7 @@ def _record_commit(chunk: Chunk, deleted: int, retries: int) -> None:
         noop_deliveries=F("noop_deliveries") + (0 if deleted else 1),
         transient_retries=F("transient_retries") + retries,
     )
-    ledger.finish_run_if_done(chunk.run_id)
+    ledger.settle_run(chunk.run_id)
 
 
 def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
@@ -151,6 +151,8 @@ def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
             return None
         if chunk.run.policy != policy.name or chunk.run.cutoff != message.cutoff:
             reason = "message policy or cutoff does not match its run"
+        elif not _same_work(message, messages.parse(chunk.message)):
+            reason = "message items or range differ from the chunk in the ledger"
         elif (
             chunk.state in Chunk.UNFINISHED
             and _unfinished(chunk) >= conf.MAX_UNFINISHED_DELIVERIES
@@ -168,6 +170,13 @@ def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
         ledger.dead_letter(chunk, reason)
         chunk.state = Chunk.State.DEAD_LETTERED
     return chunk
+
+
+def _same_work(received: ChunkMessage, planned: ChunkMessage) -> bool:
+    """The ledger's copy is the authority on what a chunk covers."""
+    return (received.items, received.partition, received.start_id, received.end_id) == (
+        planned.items, planned.partition, planned.start_id, planned.end_id
+    )
 
 
 def _unfinished(chunk: Chunk) -> int:

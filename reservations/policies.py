@@ -17,8 +17,12 @@ def expired_holds(cutoff: datetime) -> Q:
     return Q(status="held", expires_at__lte=cutoff)
 
 
+def reminder_retention() -> timedelta:
+    return timedelta(days=conf.REMINDER_RETENTION_DAYS)
+
+
 def stale_reminders(cutoff: datetime) -> Q:
-    return Q(sent_at__lte=cutoff - timedelta(days=conf.REMINDER_RETENTION_DAYS))
+    return Q(sent_at__lte=cutoff - reminder_retention())
 
 
 def register_policies() -> None:
@@ -45,5 +49,6 @@ def register_policies() -> None:
             scheme=RANGE,
             chunk_size=conf.PURGE_CHUNK_SIZE,
             schedule=conf.PURGE_SCHEDULE,
+            eligible_after=reminder_retention,
         )
     )

@@ -155,7 +155,8 @@ def test_lock_timeout_is_retried_inside_the_task(settings):
 
     delivery = Worker(apply_chunk, chunk.message)
     delivery.start()
-    time.sleep(0.3)  # longer than the lock timeout: the first attempt must fail
+    wait_for(lambda: waiting_statements("DELETE") == 1, what="the DELETE to wait")
+    time.sleep(0.3)  # longer than the lock timeout: that attempt must fail
     release.set()
 
     blocker.outcome()
@@ -183,3 +184,57 @@ def test_concurrent_dispatches_with_one_key_give_one_run():
     assert Run.objects.count() == 1
     assert Chunk.objects.count() == 1
     assert OrmQ.objects.count() == 1
+
+
+def blocked_delivery(chunk: Chunk, hold_pk: int):
+    """Start a delivery of ``chunk`` whose DELETE waits on ``hold_pk``'s row lock."""
+    locked, release = threading.Event(), threading.Event()
+    blocker = Worker(hold_lock_while, hold_pk, locked, release,
+                     lambda pk: SeatHold.objects.select_for_update().get(pk=pk))
+    blocker.start()
+    assert locked.wait(10)
+    delivery = Worker(apply_chunk, chunk.message)
+    delivery.start()
+    wait_for(lambda: waiting_statements("DELETE") == 1, what="the DELETE to wait")
+    return blocker, delivery, release
+
+
+def test_replay_while_a_chunk_commits_does_not_deadlock(chunk_size):
+    from cleanup.replay import replay
+
+    chunk_size("expire-holds", 1)
+    holds = SeatHoldFactory.create_batch(2, expired=True)
+    run = dispatch("expire-holds").run
+    first = run.chunks.get(seq=1)
+    blocker, delivery, release = blocked_delivery(first, holds[0].pk)
+
+    replayed = Worker(replay, run.pk)
+    replayed.start()
+    assert replayed.outcome(timeout=10).resent == 2  # done while the chunk is mid-DELETE
+    release.set()
+
+    blocker.outcome()
+    assert delivery.outcome() == Outcome.DELETED
+    first.refresh_from_db()
+    assert (first.transient_retries, first.failures) == (0, 0)
+
+
+def test_cancel_while_a_chunk_commits_keeps_its_work_and_cancels_the_rest(chunk_size):
+    from cleanup.operations import cancel
+
+    chunk_size("expire-holds", 1)
+    holds = SeatHoldFactory.create_batch(2, expired=True)
+    run = dispatch("expire-holds").run
+    blocker, delivery, release = blocked_delivery(run.chunks.get(seq=1), holds[0].pk)
+
+    cancelling = Worker(cancel, [run.pk])
+    cancelling.start()
+    wait_for(lambda: waiting_statements("SELECT") >= 1, what="cancel to wait for the chunk")
+    release.set()
+
+    blocker.outcome()
+    assert delivery.outcome() == Outcome.DELETED
+    assert cancelling.outcome().done == 1
+    states = dict(run.chunks.values_list("seq", "state"))
+    assert states == {1: "committed", 2: "cancelled"}
+    assert list(SeatHold.objects.values_list("pk", flat=True)) == [holds[1].pk]

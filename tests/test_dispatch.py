@@ -13,6 +13,7 @@ from cleanup import dispatch as dispatch_module
 from cleanup.dispatch import CHUNK_TASK, dispatch
 from cleanup.exceptions import BadCutoff, BadScheme, UnknownPolicy
 from cleanup.models import Chunk, Run
+from reservations.models import SeatHold
 from tests.conftest import chunks_of
 from tests.factories import ReminderAttemptFactory, SeatHoldFactory
 
@@ -139,3 +140,31 @@ def test_range_scheme_plans_per_tenant(db, chunk_size):
     for c in chunks:
         per_tenant.setdefault(c.message["tenant_id"], []).append(c.planned_rows)
     assert per_tenant == {first.tenant_id: [2, 2], second.tenant_id: [1]}
+
+
+def test_interrupted_sync_run_is_finished_by_dispatching_its_key_again(
+    expired_holds, chunk_size, monkeypatch
+):
+    from cleanup import worker
+
+    chunk_size("expire-holds", 2)
+    real_record = worker._record_commit
+    committed = []
+
+    def die_on_second_chunk(chunk, *args):
+        if committed:
+            raise KeyboardInterrupt("injected: process stopped mid-run")
+        committed.append(chunk.seq)
+        real_record(chunk, *args)
+
+    monkeypatch.setattr(worker, "_record_commit", die_on_second_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        dispatch("expire-holds", key="small-table", sync=True)
+    monkeypatch.setattr(worker, "_record_commit", real_record)
+
+    again = dispatch("expire-holds", key="small-table", sync=True)
+
+    again.run.refresh_from_db()
+    assert again.created is False
+    assert again.run.state == Run.State.COMPLETED
+    assert SeatHold.objects.count() == 0

@@ -40,6 +40,12 @@ def test_django_starts_with_cleanup_installed_and_reservations_absent():
     )
     assert process.returncode == 0, process.stderr
     assert "no issues" in process.stdout
+    migrations = subprocess.run(
+        [sys.executable, "manage.py", "makemigrations", "--check", "--dry-run"],
+        cwd=ROOT, env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.engine_only_settings"),
+        capture_output=True, text=True, timeout=120,
+    )
+    assert migrations.returncode == 0, migrations.stdout + migrations.stderr
 
 
 def test_every_command_in_the_readme_exists():

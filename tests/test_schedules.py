@@ -10,9 +10,11 @@ from django_q.models import OrmQ, Schedule
 from django_q.scheduler import scheduler
 from django_q.signing import SignedPackage
 
+from cleanup.dispatch import dispatch
 from cleanup.models import Run
 from cleanup.schedules import install_schedules
 from cleanup.tasks import dispatch_scheduled
+from cleanup.worker import apply_chunk
 
 pytestmark = pytest.mark.django_db
 
@@ -39,12 +41,35 @@ def test_scheduler_passes_its_slot_and_a_slot_fired_twice_gives_one_run(expired_
     (again,) = fire_due_schedules()
 
     assert task["kwargs"]["scheduled_for"] == again["kwargs"]["scheduled_for"] == slot.isoformat()
-    first = dispatch_scheduled(**{k: v for k, v in task["kwargs"].items() if k != "q_options"})
+    kwargs = {k: v for k, v in task["kwargs"].items() if k != "q_options"}
+    first = dispatch_scheduled(**kwargs)
+    for chunk in Run.objects.get().chunks.all():
+        apply_chunk(chunk.message)
     second = dispatch_scheduled(**{k: v for k, v in again["kwargs"].items() if k != "q_options"})
     assert first == second
     run = Run.objects.get()
     assert run.trigger == Run.Trigger.SCHEDULE
     assert run.dispatch_key == f"schedule:expire-holds:{slot.isoformat()}"
+
+
+def test_slot_is_skipped_while_a_run_of_the_policy_is_in_flight(expired_holds):
+    in_flight = dispatch("expire-holds").run
+    slot = timezone.now().replace(second=0, microsecond=0)
+
+    assert dispatch_scheduled("expire-holds", slot.isoformat()) is None
+    assert Run.objects.get() == in_flight
+    for chunk in in_flight.chunks.all():
+        apply_chunk(chunk.message)
+    assert dispatch_scheduled("expire-holds", slot.isoformat()) is not None
+
+
+def test_stalled_run_does_not_block_the_schedule(expired_holds):
+    stalled = dispatch("expire-holds").run
+    Run.objects.filter(pk=stalled.pk).update(created_at=timezone.now() - timedelta(hours=1))
+    slot = timezone.now().replace(second=0, microsecond=0)
+
+    assert dispatch_scheduled("expire-holds", slot.isoformat()) is not None
+    assert Run.objects.count() == 2
 
 
 @real_scheduler

@@ -142,18 +142,41 @@ def test_redelivery_after_commit_without_ack_is_noop(expired_holds):
     assert SeatHold.objects.count() == 1
 
 
-def test_cutoff_stays_frozen_when_the_clock_moves_on(section, chunk_size):
+def test_cutoff_stays_frozen_when_the_clock_moves_on_during_retries(
+    section, monkeypatch
+):
     cutoff = timezone.now() - timedelta(hours=2)
     old = SeatHoldFactory(section=section, expires_at=cutoff - timedelta(minutes=5))
     # Expired by now, but not at the frozen cutoff: a later delivery must leave it.
     later = SeatHoldFactory(section=section, expires_at=cutoff + timedelta(minutes=30))
-    run = dispatch("expire-holds", scheme="range", cutoff=cutoff).run
+    chunk = only_chunk(dispatch("expire-holds", scheme="range", cutoff=cutoff).run)
+    real_record, real_now = worker._record_commit, timezone.now
+    attempts = []
 
-    for chunk in chunks_of(run):
-        apply_chunk(chunk.message)
+    def fail_once_then_move_the_clock(*args):
+        real_record(*args)
+        attempts.append(1)
+        if len(attempts) == 1:
+            monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(days=1))
+            raise OperationalError("injected: connection lost before commit")
 
+    monkeypatch.setattr(worker, "_record_commit", fail_once_then_move_the_clock)
+
+    assert apply_chunk(chunk.message) == Outcome.DELETED
+    assert len(attempts) == 2
     assert list(SeatHold.objects.all()) == [later]
     assert not SeatHold.objects.filter(pk=old.pk).exists()
+
+
+def test_message_whose_items_differ_from_the_ledger_is_refused(expired_holds):
+    chunk = only_chunk(dispatch("expire-holds").run)
+    message = {**chunk.message, "items": chunk.message["items"][:1]}
+
+    assert apply_chunk(message) == Outcome.DEAD_LETTERED
+
+    chunk.refresh_from_db()
+    assert "differ from the chunk in the ledger" in chunk.last_error
+    assert SeatHold.objects.count() == 5
 
 
 def test_captured_delete_carries_the_whole_predicate_in_its_own_where(expired_holds):

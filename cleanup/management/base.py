@@ -25,6 +25,17 @@ class CleanupCommand(BaseCommand):
         else:
             self.stdout.write(self.describe(result, options["verbosity"]))
 
+    def confirm(self, question: str, options: dict) -> None:
+        """Ask before a destructive step unless --noinput; anything but 'yes' aborts."""
+        if not options.get("interactive", False):
+            return
+        try:
+            answer = input(f"{question} Type 'yes' to go on: ")
+        except EOFError:
+            answer = ""
+        if answer.strip() != "yes":
+            raise CommandError("Cancelled; nothing changed.")
+
     def run(self, **options) -> dict:
         raise NotImplementedError
 

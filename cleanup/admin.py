@@ -1,0 +1,433 @@
+"""The operator console: read-only ledger pages and actions over the same services
+as the commands."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db.models import Count, Q, Sum
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.translation import ngettext
+
+from cleanup import operations
+from cleanup.conf import lease
+from cleanup.dispatch import dispatch
+from cleanup.exceptions import CleanupError
+from cleanup.forms import DiscardForm, DispatchForm, NewCutoffForm
+from cleanup.models import Chunk, CleanupOverview, OrphanMessage, Run
+from cleanup.overview import overview
+from cleanup.policies import get_policy
+from cleanup.preview import preview
+from cleanup.replay import replay
+
+CHUNKS_PER_PAGE = 50
+STATE_COLOURS = {
+    "planned": "#777", "enqueued": "#2a6ebb", "retrying": "#c77c00", "committed": "#2f8f2f",
+    "acknowledged": "#1d6b1d", "dead_lettered": "#b00020", "discarded": "#555",
+    "cancelled": "#555", "running": "#2a6ebb", "completed": "#1d6b1d",
+    "completed_with_dead_letters": "#b00020",
+}
+
+
+def badge(state: str, label: str):
+    return format_html(
+        '<span style="background:{};color:#fff;padding:1px 6px;border-radius:8px;'
+        'white-space:nowrap">{}</span>', STATE_COLOURS.get(state, "#555"), label,
+    )
+
+
+def actor(request) -> str:
+    return f"admin:{request.user.get_username()}"
+
+
+class LedgerAdmin(admin.ModelAdmin):
+    """Ledger rows are written by the engine only: no add, change or delete by hand."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_replay_permission(self, request):
+        return request.user.has_perm("cleanup.replay")
+
+    def has_requeue_permission(self, request):
+        return request.user.has_perm("cleanup.requeue")
+
+    def has_discard_permission(self, request):
+        return request.user.has_perm("cleanup.discard")
+
+    def has_dispatch_permission(self, request):
+        return request.user.has_perm("cleanup.dispatch")
+
+    def has_cancel_permission(self, request):
+        return request.user.has_perm("cleanup.cancel")
+
+    def report(self, request, result, done: str, done_plural: str, skipped: str) -> None:
+        """Tell the operator what an action did and what it left alone."""
+        self.message_user(
+            request, ngettext(done, done_plural, result.done) % {"count": result.done},
+            messages.SUCCESS if result.done else messages.WARNING,
+        )
+        if result.skipped:
+            self.message_user(request, skipped % {"count": result.skipped}, messages.WARNING)
+
+    def confirmation(self, request, queryset, action: str, title: str, question: str,
+                     form=None):
+        """The two-step confirmation page of a destructive action."""
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "question": question,
+            "objects": queryset[:100],
+            "count": queryset.count(),
+            "action": action,
+            "form": form,
+            "opts": self.model._meta,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "selected": [str(pk) for pk in queryset.values_list("pk", flat=True)],
+        }
+        return TemplateResponse(request, "admin/cleanup/confirm_action.html", context)
+
+
+@admin.register(Run)
+class RunAdmin(LedgerAdmin):
+    list_display = ("short_id", "policy", "scheme", "started_by", "cutoff", "state_badge",
+                    "progress", "rows_deleted", "noops", "dead_letters", "duration")
+    list_filter = ("policy", "state", "trigger")
+    search_fields = ("dispatch_key",)
+    actions = ["replay_runs", "cancel_runs"]
+    fields = ("id", "policy", "scheme", "state", "trigger", "replay_link", "dispatch_key",
+              "cutoff", "candidates", "chunks_planned", "created_at", "finished_at")
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(
+            done=Count("chunks", filter=Q(chunks__state__in=Chunk.DONE)),
+            dead=Count("chunks", filter=Q(chunks__state=Chunk.State.DEAD_LETTERED)),
+            deleted=Sum("chunks__rows_deleted", default=0),
+            noop=Sum("chunks__noop_deliveries", default=0),
+        )
+
+    @admin.display(description="run", ordering="created_at")
+    def short_id(self, run):
+        return str(run.id)[:8]
+
+    @admin.display(description="started by", ordering="trigger")
+    def started_by(self, run):
+        if run.replay_of_id:
+            url = reverse("admin:cleanup_run_change", args=[run.replay_of_id])
+            return format_html('{} of run <a href="{}">{}</a>', run.get_trigger_display(),
+                               url, str(run.replay_of_id)[:8])
+        return run.get_trigger_display()
+
+    @admin.display(description="replay of")
+    def replay_link(self, run):
+        if not run.replay_of_id:
+            return "-"
+        url = reverse("admin:cleanup_run_change", args=[run.replay_of_id])
+        return format_html('<a href="{}">{}</a>', url, run.replay_of_id)
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, run):
+        return badge(run.state, run.get_state_display())
+
+    @admin.display(description="progress")
+    def progress(self, run):
+        return format_html('<progress value="{}" max="{}"></progress> {}/{}', run.done,
+                           max(run.chunks_planned, 1), run.done, run.chunks_planned)
+
+    @admin.display(description="rows deleted", ordering="deleted")
+    def rows_deleted(self, run):
+        return run.deleted
+
+    @admin.display(description="no-ops", ordering="noop")
+    def noops(self, run):
+        return run.noop
+
+    @admin.display(description="dead letters", ordering="dead")
+    def dead_letters(self, run):
+        return run.dead
+
+    @admin.display(description="duration")
+    def duration(self, run):
+        seconds = ((run.finished_at or timezone.now()) - run.created_at).total_seconds()
+        return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+    @admin.action(description="Replay selected runs with their own cutoff",
+                  permissions=["replay"])
+    def replay_runs(self, request, queryset):
+        resent = 0
+        for run in queryset:
+            try:
+                resent += replay(run.pk).resent
+            except CleanupError as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+                continue
+            self.log_change(request, run, "Replayed with its own cutoff")
+        self.message_user(request, ngettext("%(count)d chunk re-sent.",
+                                            "%(count)d chunks re-sent.", resent)
+                          % {"count": resent}, messages.SUCCESS)
+
+    @admin.action(description="Cancel selected runs", permissions=["cancel"])
+    def cancel_runs(self, request, queryset):
+        if request.POST.get("post") != "yes":
+            return self.confirmation(
+                request, queryset, "cancel_runs", "Cancel runs",
+                "Their unfinished chunks will be cancelled and later deliveries of them "
+                "will change nothing. Work already committed stays.")
+        result = operations.cancel([r.pk for r in queryset], actor=actor(request))
+        for run in Run.objects.filter(pk__in=result.affected):
+            self.log_change(request, run, "Cancelled")
+        self.report(request, result, "%(count)d run cancelled.", "%(count)d runs cancelled.",
+                    "%(count)d runs were not running and were left alone.")
+
+    def get_urls(self):
+        return [
+            path("dispatch/", self.admin_site.admin_view(self.dispatch_view),
+                 name="cleanup_run_dispatch"),
+            path("<uuid:run_id>/replay/", self.admin_site.admin_view(self.new_cutoff_view),
+                 name="cleanup_run_replay"),
+        ] + super().get_urls()
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        run = self.get_object(request, object_id)
+        extra_context = extra_context or {}
+        if run is not None:
+            chunks = Paginator(run.chunks.order_by("seq"), CHUNKS_PER_PAGE)
+            extra_context["chunk_page"] = chunks.get_page(request.GET.get("chunks"))
+            extra_context["can_replay"] = self.has_replay_permission(request)
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {**(extra_context or {}),
+                         "can_dispatch": self.has_dispatch_permission(request)}
+        return super().changelist_view(request, extra_context)
+
+    def dispatch_view(self, request):
+        """Dispatch a policy now: form, dry-run preview, then confirmation."""
+        if not self.has_dispatch_permission(request):
+            raise PermissionDenied
+        form = DispatchForm(request.POST or None)
+        context = {"title": "Dispatch a policy now", "form": form}
+        if request.method == "POST" and form.is_valid():
+            policy = form.cleaned_data["policy"]
+            scheme = form.cleaned_data["scheme"] or None
+            try:
+                if "_confirm" in request.POST:
+                    key = self._confirm_key(request)
+                    result = dispatch(policy, scheme=scheme, cutoff=form.cleaned_data["cutoff"],
+                                      key=f"admin:{key}", trigger=Run.Trigger.ADMIN)
+                    return self._started(request, result.run, result.created,
+                                         f"Dispatched {policy} from the admin")
+                context.update(self._preview(policy, scheme, form.cleaned_data["cutoff"]))
+            except CleanupError as exc:
+                form.add_error(None, str(exc))
+        return self._form_page(request, context)
+
+    def new_cutoff_view(self, request, run_id):
+        """Replay a run with a new cutoff: form, dry-run preview, then confirmation."""
+        if not self.has_replay_permission(request):
+            raise PermissionDenied
+        run = Run.objects.filter(pk=run_id).first()
+        if run is None:
+            self.message_user(request, f"No run with id {run_id}.", messages.ERROR)
+            return HttpResponseRedirect(reverse("admin:cleanup_run_changelist"))
+        form = NewCutoffForm(request.POST or None)
+        context = {"title": f"Replay run {str(run.id)[:8]} with a new cutoff", "form": form,
+                   "run": run}
+        if request.method == "POST" and form.is_valid():
+            cutoff = form.cleaned_data["cutoff"]
+            try:
+                if "_confirm" in request.POST:
+                    result = replay(run.pk, new_cutoff=cutoff)
+                    return self._started(request, result.run, result.created,
+                                         f"Replay of run {run.id} with a new cutoff")
+                context.update(self._preview(run.policy, run.scheme, cutoff, not_before=run))
+            except CleanupError as exc:
+                form.add_error(None, str(exc))
+        return self._form_page(request, context)
+
+    def _preview(self, policy_name, scheme, cutoff, not_before=None) -> dict:
+        from cleanup.cutoffs import frozen_cutoff
+        from cleanup.policies import check_scheme
+
+        policy = get_policy(policy_name)
+        scheme = check_scheme(scheme, policy)
+        cutoff = frozen_cutoff(cutoff, not_before=not_before.cutoff if not_before else None)
+        counted = preview(policy, cutoff, scheme)
+        return {"preview": counted, "preview_cutoff": cutoff.isoformat(),
+                "preview_scheme": scheme, "confirm_key": uuid.uuid4()}
+
+    def _confirm_key(self, request) -> uuid.UUID:
+        try:
+            return uuid.UUID(request.POST.get("confirm_key", ""))
+        except ValueError:
+            raise CleanupError("the confirmation was tampered with; start again") from None
+
+    def _started(self, request, run, created, log_message):
+        if created:
+            self.log_change(request, run, log_message)
+            self.message_user(request, f"Started run {run.id}: {run.chunks_planned} chunks "
+                              f"for {run.candidates} rows.", messages.SUCCESS)
+        else:
+            self.message_user(request, f"Run {run.id} had already been started; "
+                              "nothing new was sent.", messages.WARNING)
+        return HttpResponseRedirect(reverse("admin:cleanup_run_change", args=[run.pk]))
+
+    def _form_page(self, request, context):
+        context = {**self.admin_site.each_context(request), "opts": self.opts, **context}
+        return TemplateResponse(request, "admin/cleanup/run/preview_form.html", context)
+
+
+class ChunkStateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request, model_admin):
+        first = Chunk.State.DEAD_LETTERED
+        return [(first, first.label)] + [(s, s.label) for s in Chunk.State if s != first]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(state=self.value()) if self.value() else queryset
+
+
+@admin.register(Chunk)
+class ChunkAdmin(LedgerAdmin):
+    list_display = ("__str__", "run_link", "policy", "state_badge", "deliveries",
+                    "rows_deleted", "noop_deliveries", "error", "planned_at", "committed_at",
+                    "acknowledged_at")
+    list_filter = (ChunkStateFilter, "run__policy")
+    list_select_related = ("run",)
+    actions = ["replay_chunks", "requeue_chunks", "discard_chunks"]
+    fieldsets = [
+        (None, {"fields": ("run_link", "seq", "state", "planned_rows", "message_as_sent")}),
+        ("Outcome", {"fields": ("rows_deleted", "items_skipped", "deliveries",
+                                "deliveries_completed", "noop_deliveries", "failures",
+                                "transient_retries", "last_error_text", "discard_reason")}),
+        ("Timestamps", {"fields": ("planned_at", "enqueued_at", "last_delivery_at",
+                                   "committed_at", "acknowledged_at", "dead_lettered_at",
+                                   "discarded_at")}),
+    ]
+    readonly_fields = [f for _, spec in fieldsets for f in spec["fields"]]
+
+    def lookup_allowed(self, lookup, value, request=None):
+        return lookup in ("run", "run__id__exact") or super().lookup_allowed(
+            lookup, value, request)
+
+    @admin.display(description="run", ordering="run__created_at")
+    def run_link(self, chunk):
+        url = reverse("admin:cleanup_run_change", args=[chunk.run_id])
+        return format_html('<a href="{}">{}</a>', url, str(chunk.run_id)[:8])
+
+    @admin.display(description="policy", ordering="run__policy")
+    def policy(self, chunk):
+        return chunk.run.policy
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, chunk):
+        return badge(chunk.state, chunk.get_state_display())
+
+    @admin.display(description="last error")
+    def error(self, chunk):
+        lines = chunk.last_error.strip().splitlines()
+        return lines[-1][:120] if lines else ""
+
+    @admin.display(description="message as sent")
+    def message_as_sent(self, chunk):
+        return format_html("<pre>{}</pre>", json.dumps(chunk.message, indent=2))
+
+    @admin.display(description="last error")
+    def last_error_text(self, chunk):
+        return format_html("<pre>{}</pre>", chunk.last_error) if chunk.last_error else "-"
+
+    @admin.action(description="Replay selected chunks (committed ones become no-ops)",
+                  permissions=["replay"])
+    def replay_chunks(self, request, queryset):
+        if request.POST.get("post") != "yes":
+            return self.confirmation(
+                request, queryset, "replay_chunks", "Replay chunks",
+                "Each selected chunk is sent again with its run's own cutoff. Committed "
+                "chunks turn into no-ops; dead-lettered ones are requeued.")
+        resent = skipped = 0
+        for run_id in queryset.values_list("run_id", flat=True).distinct():
+            seqs = list(queryset.filter(run_id=run_id).values_list("seq", flat=True))
+            try:
+                result = replay(run_id, chunk_ids=seqs)
+            except CleanupError as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+                continue
+            resent, skipped = resent + result.resent, skipped + result.skipped
+            self.log_change(request, result.run, f"Replayed chunks {seqs}")
+        self.report(request, operations.ActionResult(resent, skipped),
+                    "%(count)d chunk re-sent.", "%(count)d chunks re-sent.",
+                    "%(count)d discarded or cancelled chunks were left alone.")
+
+    @admin.action(description="Requeue selected dead-lettered chunks", permissions=["requeue"])
+    def requeue_chunks(self, request, queryset):
+        result = operations.requeue([c.pk for c in queryset], actor=actor(request))
+        for chunk in Chunk.objects.filter(pk__in=result.affected):
+            self.log_change(request, chunk, "Requeued")
+        self.report(request, result, "%(count)d chunk requeued.", "%(count)d chunks requeued.",
+                    "%(count)d chunks were not dead-lettered (or their run was cancelled) "
+                    "and were left alone.")
+
+    @admin.action(description="Discard selected dead-lettered chunks", permissions=["discard"])
+    def discard_chunks(self, request, queryset):
+        form = DiscardForm(request.POST if "reason" in request.POST else None)
+        if request.POST.get("post") != "yes" or not form.is_valid():
+            return self.confirmation(
+                request, queryset, "discard_chunks", "Discard chunks",
+                "Only dead-lettered chunks are discarded; no delivery will retry them.",
+                form=form)
+        result = operations.discard([c.pk for c in queryset], form.cleaned_data["reason"],
+                                    actor=actor(request))
+        for chunk in Chunk.objects.filter(pk__in=result.affected):
+            self.log_change(request, chunk, f"Discarded: {form.cleaned_data['reason']}")
+        self.report(request, result, "%(count)d chunk discarded.",
+                    "%(count)d chunks discarded.",
+                    "%(count)d chunks were not dead-lettered and were left alone.")
+
+
+@admin.register(OrphanMessage)
+class OrphanMessageAdmin(LedgerAdmin):
+    list_display = ("received_at", "error", "raw")
+    readonly_fields = ("received_at", "error", "raw")
+
+
+@admin.register(CleanupOverview)
+class CleanupOverviewAdmin(LedgerAdmin):
+    """Per policy: backlog, stalled work, missed schedules, dead letters."""
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.has_perm("cleanup.view_run")
+
+    def get_urls(self):
+        return [path("", self.admin_site.admin_view(self.changelist_view),
+                     name="cleanup_cleanupoverview_changelist")]
+
+    def changelist_view(self, request, extra_context=None):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Cleanup overview",
+            "opts": self.opts,
+            "policies": overview(),
+            "lease": lease(),
+        }
+        return TemplateResponse(request, "admin/cleanup/cleanupoverview/overview.html",
+                                context)

@@ -1,0 +1,53 @@
+"""Forms of the operator console; every value is re-checked by the service it feeds."""
+
+from __future__ import annotations
+
+from django import forms
+
+from cleanup.cutoffs import parse_cutoff
+from cleanup.exceptions import BadCutoff
+from cleanup.policies import SCHEMES, all_policies
+
+
+class CutoffField(forms.CharField):
+    """An ISO-8601 timestamp with its offset, e.g. 2026-11-29T08:00:00+00:00."""
+
+    def to_python(self, value):
+        value = super().to_python(value)
+        if not value:
+            return None
+        try:
+            return parse_cutoff(value.strip())
+        except BadCutoff as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
+class DispatchForm(forms.Form):
+    policy = forms.ChoiceField()
+    scheme = forms.ChoiceField(
+        choices=[("", "the policy's own")] + [(s, s) for s in SCHEMES], required=False
+    )
+    cutoff = CutoffField(
+        required=False, help_text="ISO-8601 with offset, not in the future. Empty: now."
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["policy"].choices = [(p.name, p.name) for p in all_policies()]
+
+
+class NewCutoffForm(forms.Form):
+    cutoff = CutoffField(
+        help_text="ISO-8601 with offset: not in the future, not before the run's own cutoff."
+    )
+
+
+class DiscardForm(forms.Form):
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+                             help_text="Kept on each chunk.")
+
+    def clean_reason(self):
+        reason = self.cleaned_data["reason"].strip()
+        if not reason:
+            raise forms.ValidationError("A reason is required.")
+        return reason

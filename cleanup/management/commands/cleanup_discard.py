@@ -1,0 +1,28 @@
+from cleanup import operations
+from cleanup.management.base import CleanupCommand
+from cleanup.status import get_run
+
+
+class Command(CleanupCommand):
+    help = "Give up on dead-lettered chunks of a run, for a stated reason."
+
+    def add_arguments(self, parser) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("run_id")
+        parser.add_argument("--chunk", type=int, action="append", dest="chunks",
+                            metavar="ID", required=True, help="Chunk id (repeatable).")
+        parser.add_argument("--reason", required=True, help="Why; kept on the chunk.")
+        parser.add_argument("--noinput", "--no-input", action="store_false",
+                            dest="interactive", help="Do not ask for confirmation.")
+
+    def run(self, *, run_id, chunks, reason, **options) -> dict:
+        run = get_run(run_id)
+        pks = operations.chunk_pks(run, chunks)
+        reason = operations.required_reason(reason)
+        self.confirm(f"Discard {len(pks)} chunks of run {run.id}?", options)
+        result = operations.discard(pks, reason, actor="command")
+        return {"run_id": str(run.id), "discarded": result.done, "skipped": result.skipped}
+
+    def describe(self, result: dict, verbosity: int) -> str:
+        return (f"Discarded {result['discarded']} chunks of run {result['run_id']}; "
+                f"skipped {result['skipped']} that were not dead-lettered.")

@@ -1,0 +1,127 @@
+"""Operator actions on runs and chunks, shared by the admin and the commands.
+
+Each acts only on the rows still in a state it applies to and reports the others
+as skipped, so a stale page or a second click changes nothing twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import structlog
+from django.db import transaction
+from django.utils import timezone
+
+from cleanup import ledger
+from cleanup.dispatch import send
+from cleanup.exceptions import CleanupError, UnknownChunk
+from cleanup.models import Chunk, Run
+
+log = structlog.get_logger("cleanup.operations")
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    done: int
+    skipped: int
+    affected: tuple = ()  # pks of the rows the action changed
+
+
+def chunk_pks(run: Run, seqs: Iterable[int] | None, *, state: str | None = None) -> list[int]:
+    """Translate a run's chunk ids into chunk pks; all chunks (in ``state``) if none given."""
+    chunks = Chunk.objects.filter(run=run)
+    if not seqs:
+        if state is not None:
+            chunks = chunks.filter(state=state)
+        return list(chunks.values_list("pk", flat=True))
+    seqs = sorted(set(seqs))
+    found = dict(chunks.filter(seq__in=seqs).values_list("seq", "pk"))
+    missing = [seq for seq in seqs if seq not in found]
+    if missing:
+        raise UnknownChunk(run.id, missing)
+    return [found[seq] for seq in seqs]
+
+
+def requeue(pks: Iterable[int], *, resend: bool = True, actor: str = "") -> ActionResult:
+    """Put dead-lettered chunks back in the queue; their runs reopen.
+
+    The deliveries that never completed are set aside, so the poison limit counts
+    afresh; the counters themselves keep adding. Chunks of a cancelled run stay put.
+    """
+    pks = list(pks)
+    with transaction.atomic():
+        chunks = list(
+            Chunk.objects.select_for_update()
+            .filter(pk__in=pks, state=Chunk.State.DEAD_LETTERED)
+            .exclude(run__state=Run.State.CANCELLED)
+        )
+        now = timezone.now()
+        for chunk in chunks:
+            chunk.unfinished_forgiven = chunk.deliveries - chunk.deliveries_completed
+            chunk.state = Chunk.State.ENQUEUED
+            chunk.enqueued_at = now
+            chunk.save(update_fields=["unfinished_forgiven", "state", "enqueued_at"])
+        if resend:
+            send(chunks)
+        for run_id in {c.run_id for c in chunks}:
+            ledger.settle_run(run_id)
+    _log("requeued", chunks, actor)
+    return ActionResult(len(chunks), len(pks) - len(chunks), tuple(c.pk for c in chunks))
+
+
+def discard(pks: Iterable[int], reason: str, *, actor: str = "") -> ActionResult:
+    """Give up on dead-lettered chunks for a stated reason; their runs may complete."""
+    reason = required_reason(reason)
+    pks = list(pks)
+    with transaction.atomic():
+        chunks = list(
+            Chunk.objects.select_for_update().filter(pk__in=pks, state=Chunk.State.DEAD_LETTERED)
+        )
+        Chunk.objects.filter(pk__in=[c.pk for c in chunks]).update(
+            state=Chunk.State.DISCARDED, discard_reason=reason, discarded_at=timezone.now()
+        )
+        for run_id in {c.run_id for c in chunks}:
+            ledger.settle_run(run_id)
+    _log("discarded", chunks, actor, reason=reason)
+    return ActionResult(len(chunks), len(pks) - len(chunks), tuple(c.pk for c in chunks))
+
+
+def required_reason(reason: str | None) -> str:
+    reason = (reason or "").strip()
+    if not reason:
+        raise CleanupError("a reason is required to discard a chunk")
+    return reason
+
+
+def cancel(run_ids: Iterable, *, actor: str = "") -> ActionResult:
+    """Cancel running runs: their unfinished chunks become cancelled, and any later
+    delivery of them is a no-op. Work already committed stays."""
+    run_ids = list(run_ids)
+    with transaction.atomic():
+        # Chunks before runs: the order a committing worker takes its locks in.
+        unfinished = list(
+            Chunk.objects.select_for_update()
+            .filter(run_id__in=run_ids, state__in=Chunk.UNFINISHED)
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
+        runs = list(
+            Run.objects.select_for_update().filter(pk__in=run_ids, state=Run.State.RUNNING)
+        )
+        now = timezone.now()
+        for run in runs:
+            cancelled = Chunk.objects.filter(
+                run=run, pk__in=unfinished, state__in=Chunk.UNFINISHED
+            ).update(state=Chunk.State.CANCELLED)
+            run.state, run.finished_at = Run.State.CANCELLED, now
+            run.save(update_fields=["state", "finished_at"])
+            log.info("run cancelled", run_id=str(run.id), policy=run.policy,
+                     chunks_cancelled=cancelled, actor=actor)
+    return ActionResult(len(runs), len(run_ids) - len(runs), tuple(r.pk for r in runs))
+
+
+def _log(event: str, chunks: list[Chunk], actor: str, **extra) -> None:
+    for chunk in chunks:
+        log.info(f"chunk {event}", run_id=str(chunk.run_id), chunk_id=chunk.seq,
+                 actor=actor, **extra)

@@ -1,0 +1,43 @@
+"""What a dispatch would do, counted without planning or writing anything."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from math import ceil
+
+from django.db.models import Count
+
+from cleanup.policies import ITEMS, Policy
+
+
+@dataclass(frozen=True)
+class Preview:
+    rows_by_partition: dict
+    chunks: int
+
+    @property
+    def rows(self) -> int:
+        return sum(self.rows_by_partition.values())
+
+
+def preview(policy: Policy, cutoff: datetime, scheme: str) -> Preview:
+    """Count eligible rows per partition (tenant) and the chunks planning would make.
+
+    Both planners fill every chunk but the last (per partition, for ranges), so the
+    chunk count follows from the row counts.
+    """
+    column = policy.partition_column
+    counts = (
+        policy.eligible_rows(cutoff)
+        .values_list(column)
+        .annotate(rows=Count("pk"))
+        .order_by(column)
+    )
+    rows_by_partition = dict(counts)
+    size = policy.chunk_size
+    if scheme == ITEMS:
+        chunks = ceil(sum(rows_by_partition.values()) / size)
+    else:
+        chunks = sum(ceil(n / size) for n in rows_by_partition.values())
+    return Preview(rows_by_partition, chunks)
