@@ -105,13 +105,13 @@ class LedgerAdmin(admin.ModelAdmin):
 
 @admin.register(Run)
 class RunAdmin(LedgerAdmin):
-    list_display = ("short_id", "policy", "scheme", "started_by", "cutoff", "state_badge",
+    list_display = ("short_id", "policy", "scheme", "started_by", "cutoff_exact", "state_badge",
                     "progress", "rows_deleted", "noops", "dead_letters", "duration")
     list_filter = ("policy", "state", "trigger")
     search_fields = ("dispatch_key",)
     actions = ["replay_runs", "cancel_runs"]
     fields = ("id", "policy", "scheme", "state", "trigger", "replay_link", "dispatch_key",
-              "cutoff", "candidates", "chunks_planned", "created_at", "finished_at")
+              "cutoff_exact", "candidates", "chunks_planned", "created_at", "finished_at")
     readonly_fields = fields
 
     def get_queryset(self, request):
@@ -125,6 +125,10 @@ class RunAdmin(LedgerAdmin):
     @admin.display(description="run", ordering="created_at")
     def short_id(self, run):
         return str(run.id)[:8]
+
+    @admin.display(description="cutoff", ordering="cutoff")
+    def cutoff_exact(self, run):
+        return run.cutoff.isoformat(timespec="microseconds")
 
     @admin.display(description="started by", ordering="trigger")
     def started_by(self, run):
