@@ -8,3 +8,6 @@ class CleanupConfig(AppConfig):
 
     def ready(self) -> None:
         from cleanup import checks, receivers  # noqa: F401  (registers checks and signals)
+        from cleanup.metrics import register_collector
+
+        register_collector()

@@ -21,6 +21,10 @@ DEFAULTS = {
     "LOCK_TIMEOUT_MS": 5000,
     # A schedule slot with no run this long after it was due is a missed schedule.
     "SCHEDULE_GRACE_SECONDS": 120,
+    # Who may read /metrics: clients in these networks, or any client sending
+    # "Authorization: Bearer <METRICS_TOKEN>" when a token is set.
+    "METRICS_ALLOWED_NETWORKS": ["127.0.0.0/8", "::1/128"],
+    "METRICS_TOKEN": "",
 }
 
 

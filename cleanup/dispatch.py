@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
 import structlog
 from django.db import IntegrityError, connection, transaction
+from django.db.models import F
 from django.utils import timezone
 from django_q.conf import Conf
 from django_q.tasks import async_task
@@ -112,11 +114,15 @@ def dispatch(
 
 def send(chunks: Iterable[Chunk]) -> int:
     """Enqueue the chunks' messages; inside a transaction they commit together with it."""
-    sent = 0
+    per_run = Counter()
     for chunk in chunks:
         async_task(CHUNK_TASK, chunk.message, group=str(chunk.run_id))
-        sent += 1
-    return sent
+        per_run[chunk.run_id] += 1
+    # Counted on the run, not the chunks: a chunk row may be locked by a delivery in
+    # progress, and a re-send must not wait for it.
+    for run_id, sent in per_run.items():
+        Run.objects.filter(pk=run_id).update(messages_sent=F("messages_sent") + sent)
+    return per_run.total()
 
 
 def apply_in_process(run: Run) -> None:

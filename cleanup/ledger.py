@@ -47,7 +47,7 @@ def dead_letter(chunk: Chunk, reason: str) -> bool:
             state=Chunk.State.DEAD_LETTERED,
             dead_lettered_at=timezone.now(),
             last_error=reason,
-            failures=F("failures") + 1,
+            dead_letters=F("dead_letters") + 1,
         )
         if updated:
             settle_run(chunk.run_id)

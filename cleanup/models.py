@@ -35,6 +35,9 @@ class Run(models.Model):
     )
     candidates = models.PositiveIntegerField(default=0)
     chunks_planned = models.PositiveIntegerField(default=0)
+    messages_sent = models.PositiveIntegerField(
+        default=0, help_text="Chunk messages published: first sends and re-sends."
+    )
     created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -79,7 +82,13 @@ class Chunk(models.Model):
         default=0, help_text="Deliveries that committed an outcome (work or no-op)."
     )
     noop_deliveries = models.PositiveIntegerField(default=0)
-    failures = models.PositiveIntegerField(default=0)
+    failures = models.PositiveIntegerField(
+        default=0, help_text="Deliveries that ended in a retryable error."
+    )
+    dead_letters = models.PositiveIntegerField(default=0, help_text="Times dead-lettered.")
+    duration_ms = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Duration of the transaction that committed it."
+    )
     unfinished_forgiven = models.PositiveIntegerField(
         default=0, help_text="Unfinished deliveries an operator's requeue set aside."
     )

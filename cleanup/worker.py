@@ -85,6 +85,7 @@ def delete_statement(policy: Policy, message: ChunkMessage):
 
 
 def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) -> Outcome:
+    started = time.monotonic()
     with transaction.atomic():
         _set_lock_timeout()
         current = Chunk.objects.select_for_update().get(pk=chunk.pk)
@@ -98,7 +99,7 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) ->
         else:
             deleted, _ = delete_statement(policy, message).delete()
             outcome = Outcome.DELETED if deleted else Outcome.NOOP
-            _record_commit(current, deleted, retries)
+            _record_commit(current, deleted, retries, time.monotonic() - started)
     log.info(
         "chunk outcome",
         run_id=message.run_id,
@@ -119,9 +120,13 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) ->
     return outcome
 
 
-def _record_commit(chunk: Chunk, deleted: int, retries: int) -> None:
-    """Store the outcome on the chunk (and maybe close its run) in the DELETE's transaction."""
+def _record_commit(chunk: Chunk, deleted: int, retries: int, elapsed: float) -> None:
+    """Store the outcome on the chunk (and maybe close its run) in the DELETE's transaction.
+
+    ``elapsed`` covers the transaction up to this write; the commit itself is not in it.
+    """
     Chunk.objects.filter(pk=chunk.pk).update(
+        duration_ms=round(elapsed * 1000),
         state=Chunk.State.COMMITTED,
         committed_at=timezone.now(),
         rows_deleted=F("rows_deleted") + deleted,

@@ -33,6 +33,11 @@ if PRODUCTION:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_CONTENT_TYPE_NOSNIFF = True
+    # /metrics: the networks allowed to scrape (comma-separated CIDRs) and/or a token.
+    CLEANUP_METRICS_ALLOWED_NETWORKS = [
+        n for n in os.environ.get("METRICS_ALLOWED_NETWORKS", "").split(",") if n
+    ]
+    CLEANUP_METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 else:
     SECRET_KEY = "insecure-development-key-do-not-use-in-production"
     ALLOWED_HOSTS = ["localhost", "127.0.0.1", "[::1]"]

@@ -76,7 +76,11 @@ class ReminderAttempt(models.Model):
     sent_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        indexes = [models.Index(fields=["tenant", "id"], name="reminder_tenant_id")]
+        indexes = [
+            models.Index(fields=["tenant", "id"], name="reminder_tenant_id"),
+            # The backlog's age (the oldest stale attempt) without a full scan.
+            models.Index(fields=["sent_at"], name="reminder_sent_at"),
+        ]
 
     def __str__(self) -> str:
         return f"reminder {self.pk} about hold {self.hold_id}"

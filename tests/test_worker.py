@@ -335,7 +335,7 @@ def test_requeued_dead_letter_gets_a_fresh_delivery_limit(expired_holds, setting
     assert apply_chunk(chunk.message) == Outcome.DELETED
     chunk.refresh_from_db()
     assert chunk.run.state == Run.State.COMPLETED
-    assert chunk.failures == 1  # counters only add
+    assert chunk.dead_letters == 1  # counters only add
 
 
 def test_idempotency_keys_are_logged_at_debug(expired_holds, caplog):

@@ -1,0 +1,205 @@
+"""/metrics: figures from the ledger, right across processes, and restricted."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+from datetime import timedelta
+from io import StringIO
+from logging.config import dictConfig
+
+import pytest
+from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+
+from cleanup.admin import STATE_COLOURS
+from cleanup.dispatch import dispatch
+from cleanup.models import Chunk
+from cleanup.schedules import install_schedules
+from cleanup.worker import apply_chunk
+from config.logs import logging_config
+from reservations.services import renew_hold
+from tests.conftest import ROOT, wait_for
+from tests.factories import SeatHoldFactory
+from tests.test_processes import qcluster  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.django_db
+HOLDS = {"policy": "expire-holds"}
+
+
+def scrape(client, **headers) -> dict:
+    response = client.get("/metrics", **headers)
+    assert response.status_code == 200, response.content
+    samples = {}
+    for family in text_string_to_metric_families(response.content.decode()):
+        for sample in family.samples:
+            samples[sample.name, frozenset(sample.labels.items())] = sample.value
+    return samples
+
+
+def value(samples: dict, name: str, **labels) -> float:
+    return samples[name, frozenset(labels.items())]
+
+
+def delta(before: dict, after: dict, name: str, **labels) -> float:
+    return value(after, name, **labels) - value(before, name, **labels)
+
+
+def test_counters_move_by_what_a_known_run_did(client, expired_holds):
+    before = scrape(client)
+    chunk = dispatch("expire-holds").run.chunks.get()
+    renew_hold(expired_holds[0].pk)
+    apply_chunk(chunk.message)
+    apply_chunk(chunk.message)  # a duplicate: a no-op
+    after = scrape(client)
+
+    expected = {
+        "cleanup_candidates_found_total": 5,
+        "cleanup_chunks_published_total": 1,
+        "cleanup_deliveries_total": 2,
+        "cleanup_rows_deleted_total": 4,
+        "cleanup_noop_total": 1,
+        "cleanup_items_skipped_total": 1,
+        "cleanup_chunks_committed_total": 1,
+        "cleanup_chunk_rows_count": 1,
+        "cleanup_chunk_rows_sum": 4,
+        "cleanup_chunk_transaction_seconds_count": 1,
+    }
+    assert {name: delta(before, after, name, **HOLDS) for name in expected} == expected
+    assert delta(before, after, "cleanup_runs_total", trigger="command", **HOLDS) == 1
+    assert delta(before, after, "cleanup_chunk_rows_bucket", le="1.0", **HOLDS) == 0
+    assert delta(before, after, "cleanup_chunk_rows_bucket", le="10.0", **HOLDS) == 1
+    assert value(after, "cleanup_chunks_awaiting_ack", **HOLDS) == 1
+    assert value(after, "cleanup_chunks", state="committed", **HOLDS) == 1
+
+
+def test_failures_and_dead_letters_are_counted_apart(client, expired_holds):
+    before = scrape(client)
+    chunk = dispatch("expire-holds").run.chunks.get()
+    apply_chunk({**chunk.message, "version": 9})
+    apply_chunk("garbage")
+    after = scrape(client)
+
+    assert delta(before, after, "cleanup_dead_lettered_total", **HOLDS) == 1
+    assert delta(before, after, "cleanup_dead_lettered_total", policy="unknown") == 1
+    assert delta(before, after, "cleanup_retryable_failures_total", **HOLDS) == 0
+    assert value(after, "cleanup_chunks", state="dead_lettered", **HOLDS) == 1
+
+
+def test_backlog_gauges_read_the_eligible_rows(client, section):
+    assert value(scrape(client), "cleanup_eligible_rows", **HOLDS) == 0
+    SeatHoldFactory(section=section, expires_at=timezone.now() - timedelta(hours=2))
+    samples = scrape(client)
+    assert value(samples, "cleanup_oldest_eligible_age_seconds", **HOLDS) >= 7200
+    assert value(samples, "cleanup_eligible_rows", **HOLDS) >= 1
+
+
+def test_schedule_lag_shows_a_missed_slot(client, settings):
+    install_schedules()
+    lag = value(scrape(client), "cleanup_schedule_lag_seconds", **HOLDS)
+    assert lag >= 0
+    now = timezone.now()
+    assert lag <= now.second + 1  # since the slot due at the top of this minute
+
+
+def test_every_chunk_state_has_a_metric_and_an_admin_label(client):
+    samples = scrape(client)
+    for state in Chunk.State.values:
+        assert ("cleanup_chunks", frozenset({**HOLDS, "state": state}.items())) in samples
+        assert state in STATE_COLOURS
+
+
+def test_metrics_refuse_clients_outside_the_allowed_networks(client, settings):
+    assert client.get("/metrics", REMOTE_ADDR="10.1.2.3").status_code == 403
+    settings.CLEANUP_METRICS_TOKEN = "s3cret"
+    assert client.get("/metrics", REMOTE_ADDR="10.1.2.3",
+                      HTTP_AUTHORIZATION="Bearer wrong").status_code == 403
+    assert client.get("/metrics", REMOTE_ADDR="10.1.2.3",
+                      HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
+    settings.CLEANUP_METRICS_ALLOWED_NETWORKS = []  # the production profile's default
+    settings.CLEANUP_METRICS_TOKEN = ""
+    assert client.get("/metrics").status_code == 403
+
+
+def test_multiprocess_mode_still_serves_the_ledger_figures(client, monkeypatch, tmp_path,
+                                                           expired_holds):
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    dispatch("expire-holds", sync=True)
+    assert value(scrape(client), "cleanup_rows_deleted_total", **HOLDS) == 5
+
+
+@pytest.mark.django_db(transaction=True)  # the qcluster subprocess must see the commits
+def test_figures_are_right_when_a_qcluster_process_does_the_work(client, qcluster):  # noqa: F811
+    SeatHoldFactory.create_batch(4, expired=True)
+    before = scrape(client)
+    run = dispatch("expire-holds").run
+    qcluster()
+    wait_for(lambda: not Chunk.objects.filter(run=run).exclude(state="acknowledged").exists(),
+             timeout=60, what="the chunk to be acknowledged")
+
+    after = scrape(client)
+
+    assert delta(before, after, "cleanup_rows_deleted_total", **HOLDS) == 4
+    assert delta(before, after, "cleanup_deliveries_total", **HOLDS) == 1
+    assert value(after, "cleanup_chunks", state="acknowledged", **HOLDS) == 1
+    assert value(after, "cleanup_chunks_awaiting_ack", **HOLDS) == 0
+
+
+def test_each_metric_is_declared_once_and_alerts_use_only_real_series(client):
+    families = [f.name for f in text_string_to_metric_families(
+        client.get("/metrics").content.decode()) if f.name.startswith("cleanup_")]
+    assert len(families) == len(set(families))
+    names = {n for (n, _) in scrape(client)} | set(families)
+    used = set()
+    for path in ("deploy/prometheus/cleanup-alerts.yml", "deploy/grafana/cleanup-dashboard.json"):
+        used |= set(re.findall(r"\bcleanup_[a-z_]+", (ROOT / path).read_text()))
+    used.discard("cleanup_")
+    assert used - names == set()
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.mark.skipif(PROMTOOL is None and os.environ.get("CI") != "true",
+                    reason="promtool not installed (apt-get install prometheus)")
+def test_alert_rules_are_valid_and_their_unit_tests_pass():
+    assert PROMTOOL, "CI must install promtool (Debian package prometheus)"
+    folder = ROOT / "deploy" / "prometheus"
+    for args in (["check", "rules", "cleanup-alerts.yml"],
+                 ["test", "rules", "cleanup-alerts.test.yml"]):
+        result = subprocess.run([PROMTOOL, *args], cwd=folder, capture_output=True,
+                                text=True, timeout=60)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "SUCCESS" in result.stdout
+
+
+def test_dashboard_is_valid_json_with_a_panel_per_series():
+    dashboard = json.loads((ROOT / "deploy/grafana/cleanup-dashboard.json").read_text())
+    assert dashboard["uid"] == "seat-hold-cleanup"
+    assert len(dashboard["panels"]) >= 10
+
+
+def test_json_log_lines_carry_the_ids(expired_holds):
+    stream = StringIO()
+    config = logging_config(json_lines=True)
+    config["handlers"]["console"]["stream"] = stream
+    dictConfig(config)
+    try:
+        chunk = dispatch("expire-holds").run.chunks.get()
+        apply_chunk(chunk.message)
+    finally:
+        from django.conf import settings
+
+        dictConfig(settings.LOGGING)
+        logging.getLogger("cleanup").setLevel(logging.INFO)
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    outcome = next(e for e in events if e["event"] == "chunk outcome")
+    assert (outcome["run_id"], outcome["chunk_id"], outcome["outcome"]) == (
+        str(chunk.run_id), 1, "deleted")
+    assert outcome["policy"] == "expire-holds" and outcome["rows_deleted"] == 5
+    dispatched = next(e for e in events if e["event"] == "dispatched")
+    assert dispatched["dispatch_key"].startswith("command:")
