@@ -61,6 +61,13 @@ class LedgerAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
+    def changelist_view(self, request, extra_context=None):
+        """Refuse, with 403, an action this user was not offered (a forged POST)."""
+        action = request.POST.get("action") if request.method == "POST" else None
+        if action and action not in self.get_actions(request):
+            raise PermissionDenied
+        return super().changelist_view(request, extra_context)
+
     def has_replay_permission(self, request):
         return request.user.has_perm("cleanup.replay")
 
@@ -311,17 +318,18 @@ class ChunkStateFilter(admin.SimpleListFilter):
 
 @admin.register(Chunk)
 class ChunkAdmin(LedgerAdmin):
-    list_display = ("__str__", "run_link", "policy", "state_badge", "deliveries",
-                    "rows_deleted", "noop_deliveries", "error", "planned_at", "committed_at",
-                    "acknowledged_at")
-    list_filter = (ChunkStateFilter, "run__policy")
+    list_display = ("__str__", "run_link", "policy", "state_badge", "failure_class",
+                    "deliveries", "rows_deleted", "noop_deliveries", "error", "planned_at",
+                    "committed_at", "acknowledged_at")
+    list_filter = (ChunkStateFilter, "failure_class", "run__policy")
     list_select_related = ("run",)
     actions = ["replay_chunks", "requeue_chunks", "discard_chunks"]
     fieldsets = [
         (None, {"fields": ("run_link", "seq", "state", "planned_rows", "message_as_sent")}),
         ("Outcome", {"fields": ("rows_deleted", "items_skipped", "deliveries",
                                 "deliveries_completed", "noop_deliveries", "failures",
-                                "transient_retries", "last_error_text", "discard_reason")}),
+                                "transient_retries", "dead_letters", "failure_class",
+                                "last_error_text", "discard_reason")}),
         ("Timestamps", {"fields": ("planned_at", "enqueued_at", "last_delivery_at",
                                    "committed_at", "acknowledged_at", "dead_lettered_at",
                                    "discarded_at")}),

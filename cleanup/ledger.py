@@ -40,13 +40,15 @@ def settle_run(run_id) -> Run:
     return run
 
 
-def dead_letter(chunk: Chunk, reason: str) -> bool:
-    """Dead-letter an unfinished chunk; return False if it had already finished."""
+def dead_letter(chunk: Chunk, reason: str, failure_class: str) -> bool:
+    """Dead-letter an unfinished chunk with the class of its failure; return False if it
+    had already finished."""
     with transaction.atomic():
         updated = Chunk.objects.filter(pk=chunk.pk, state__in=Chunk.UNFINISHED).update(
             state=Chunk.State.DEAD_LETTERED,
             dead_lettered_at=timezone.now(),
             last_error=reason,
+            failure_class=failure_class,
             dead_letters=F("dead_letters") + 1,
         )
         if updated:
@@ -58,6 +60,7 @@ def dead_letter(chunk: Chunk, reason: str) -> bool:
             chunk_id=chunk.seq,
             policy=chunk.run.policy,
             outcome="dead_lettered",
+            failure_class=failure_class,
             reason=reason.splitlines()[0] if reason else "",
         )
     return bool(updated)

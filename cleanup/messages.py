@@ -72,7 +72,7 @@ def identify(raw: Any) -> tuple[str | None, int | None]:
         run_id = str(uuid.UUID(str(run_id)))
     except ValueError:
         run_id = None
-    if not isinstance(chunk_id, int) or isinstance(chunk_id, bool):
+    if type(chunk_id) is not int:
         chunk_id = None
     return run_id, chunk_id
 
@@ -88,12 +88,12 @@ def parse(raw: Any) -> ChunkMessage:
     if data is None:
         raise bad("message is not a JSON object")
     version = data.get("version")
-    if version not in SUPPORTED_VERSIONS or isinstance(version, bool):
+    if type(version) is not int or version not in SUPPORTED_VERSIONS:
         raise bad(f"unknown message version {version!r} (supported: {SUPPORTED_VERSIONS})")
     chunk_key = "batch_id" if version == 1 else "chunk_id"
     if run_id is None:
         raise bad("run_id is missing or not a UUID")
-    if not isinstance(data.get(chunk_key), int) or isinstance(data.get(chunk_key), bool):
+    if type(data.get(chunk_key)) is not int:
         raise bad(f"{chunk_key} is missing or not an integer")
     policy = data.get("policy")
     if not isinstance(policy, str) or not policy:
@@ -113,7 +113,7 @@ def parse(raw: Any) -> ChunkMessage:
         return ChunkMessage(**fields, items=pairs)
     if {"tenant_id", "start_id", "end_id"} <= data.keys():
         start_id, end_id = data["start_id"], data["end_id"]
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start_id, end_id)):
+        if not all(type(v) is int for v in (start_id, end_id)):
             raise bad("start_id and end_id must be integers")
         if start_id >= end_id:
             raise bad(f"empty range [{start_id}, {end_id})")

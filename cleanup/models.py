@@ -69,6 +69,12 @@ class Chunk(models.Model):
         DISCARDED = "discarded", "Discarded"
         CANCELLED = "cancelled", "Cancelled"
 
+    class FailureClass(models.TextChoices):
+        TRANSIENT = "transient", "Transient database error (retried)"
+        POISON = "poison", "Deliveries kept dying (poison)"
+        MALFORMED = "malformed", "Malformed or mismatched message"
+        ERROR = "error", "Permanent error (a bug or a rejected statement)"
+
     UNFINISHED = (State.PLANNED, State.ENQUEUED, State.RETRYING)
     DONE = (State.COMMITTED, State.ACKNOWLEDGED)
 
@@ -98,6 +104,7 @@ class Chunk(models.Model):
         default=0, help_text="Planned rows no longer eligible when the chunk ran."
     )
     last_error = models.TextField(blank=True)
+    failure_class = models.CharField(max_length=16, choices=FailureClass.choices, blank=True)
     discard_reason = models.TextField(blank=True)
     planned_at = models.DateTimeField(default=timezone.now)
     enqueued_at = models.DateTimeField(null=True, blank=True)

@@ -66,7 +66,7 @@ def apply_chunk(raw) -> Outcome:
             # Anything else is deterministic (a bug, a predicate the database rejects):
             # another delivery would fail the same way.
             _reset_broken_connection()
-            ledger.dead_letter(chunk, _describe(exc))
+            ledger.dead_letter(chunk, _describe(exc), Chunk.FailureClass.ERROR)
             return Outcome.DEAD_LETTERED
 
 
@@ -154,6 +154,7 @@ def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
         if chunk is None:
             ledger.record_orphan(raw, f"run {message.run_id} has no chunk {message.chunk_id}")
             return None
+        failure_class = Chunk.FailureClass.MALFORMED
         if chunk.run.policy != policy.name or chunk.run.cutoff != message.cutoff:
             reason = "message policy or cutoff does not match its run"
         elif not _same_work(message, messages.parse(chunk.message)):
@@ -162,6 +163,7 @@ def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
             chunk.state in Chunk.UNFINISHED
             and _unfinished(chunk) >= conf.MAX_UNFINISHED_DELIVERIES
         ):
+            failure_class = Chunk.FailureClass.POISON
             reason = (
                 f"{_unfinished(chunk)} deliveries started without completing "
                 f"(limit {conf.MAX_UNFINISHED_DELIVERIES})"
@@ -172,7 +174,7 @@ def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
             deliveries=F("deliveries") + 1, last_delivery_at=timezone.now()
         )
     if reason:
-        ledger.dead_letter(chunk, reason)
+        ledger.dead_letter(chunk, reason, failure_class)
         chunk.state = Chunk.State.DEAD_LETTERED
     return chunk
 
@@ -191,6 +193,7 @@ def _unfinished(chunk: Chunk) -> int:
 def _record_failure(chunk: Chunk, exc: BaseException, retries: int) -> None:
     Chunk.objects.filter(pk=chunk.pk, state__in=Chunk.UNFINISHED).update(
         state=Chunk.State.RETRYING,
+        failure_class=Chunk.FailureClass.TRANSIENT,
         failures=F("failures") + 1,
         transient_retries=F("transient_retries") + retries,
         last_error=_describe(exc),
@@ -217,7 +220,7 @@ def _dead_letter_message(raw, exc: Exception) -> Outcome:
         ledger.record_orphan(raw, str(exc))
     else:
         Chunk.objects.filter(pk=chunk.pk).update(deliveries=F("deliveries") + 1)
-        ledger.dead_letter(chunk, f"malformed message: {exc}")
+        ledger.dead_letter(chunk, f"malformed message: {exc}", Chunk.FailureClass.MALFORMED)
     return Outcome.DEAD_LETTERED
 
 

@@ -33,6 +33,14 @@ if PRODUCTION:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_CONTENT_TYPE_NOSNIFF = True
+    SECURE_SSL_REDIRECT = os.environ.get("DJANGO_SSL_REDIRECT", "1") != "0"
+    SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", 31_536_000))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    X_FRAME_OPTIONS = "DENY"
+    if os.environ.get("DJANGO_BEHIND_TLS_PROXY"):
+        # The proxy terminates TLS and says so in this header.
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     # /metrics: the networks allowed to scrape (comma-separated CIDRs) and/or a token.
     CLEANUP_METRICS_ALLOWED_NETWORKS = [
         n for n in os.environ.get("METRICS_ALLOWED_NETWORKS", "").split(",") if n

@@ -34,11 +34,25 @@ def run_json(*args) -> dict:
 
 def test_requeue_sends_dead_letters_once(dead_letter):
     run_id = str(dead_letter.run_id)
-    assert run_json("cleanup_requeue", run_id) == {"run_id": run_id, "requeued": 1,
-                                                   "skipped": 0}
+    assert run_json("cleanup_requeue", run_id) == {
+        "run_id": run_id, "failure_class": None, "requeued": 1, "skipped": 0}
     assert run_json("cleanup_requeue", run_id, "--chunk", "1") == {
-        "run_id": run_id, "requeued": 0, "skipped": 1}
+        "run_id": run_id, "failure_class": None, "requeued": 0, "skipped": 1}
     assert OrmQ.objects.count() == 1
+
+
+def test_requeue_one_failure_class_across_runs(dead_letter, section):
+    SeatHoldFactory(section=section, expired=True)
+    other = dispatch("expire-holds").run.chunks.get()
+    Chunk.objects.filter(pk=other.pk).update(state="dead_lettered", failure_class="poison")
+
+    result = run_json("cleanup_requeue", "--class", "malformed")
+
+    assert (result["requeued"], result["skipped"]) == (1, 0)
+    assert Chunk.objects.get(pk=dead_letter.pk).state == "enqueued"
+    assert Chunk.objects.get(pk=other.pk).state == "dead_lettered"
+    with pytest.raises(CommandError, match="give a RUN_ID, or --class"):
+        call_command("cleanup_requeue")
 
 
 def test_discard_requires_a_reason_and_completes_the_run(dead_letter):

@@ -107,6 +107,7 @@ def test_transient_error_outlasting_retries_is_raised_for_redelivery(
     chunk.refresh_from_db()
     assert SeatHold.objects.count() == 5
     assert (chunk.state, chunk.rows_deleted, chunk.failures) == (Chunk.State.RETRYING, 0, 1)
+    assert chunk.failure_class == Chunk.FailureClass.TRANSIENT
     assert "connection lost" in chunk.last_error
 
     monkeypatch.setattr(worker, "_record_commit", real_record)
@@ -125,6 +126,7 @@ def test_deterministic_error_is_dead_lettered_at_once(expired_holds, monkeypatch
     assert apply_chunk(chunk.message) == Outcome.DEAD_LETTERED
     chunk.refresh_from_db()
     assert chunk.state == Chunk.State.DEAD_LETTERED
+    assert chunk.failure_class == Chunk.FailureClass.ERROR
     assert "injected programming error" in chunk.last_error
     assert SeatHold.objects.count() == 5
 
@@ -242,6 +244,7 @@ def test_unknown_version_is_dead_lettered_with_its_run_identified(expired_holds)
 
     chunk.refresh_from_db()
     assert chunk.state == Chunk.State.DEAD_LETTERED
+    assert chunk.failure_class == Chunk.FailureClass.MALFORMED
     assert "unknown message version 3" in chunk.last_error
     assert chunk.run.state == Run.State.COMPLETED_WITH_DEAD_LETTERS
     assert SeatHold.objects.count() == 5
@@ -296,6 +299,7 @@ def test_poison_chunk_is_dead_lettered_after_the_limit(expired_holds, settings):
 
     chunk.refresh_from_db()
     assert chunk.state == Chunk.State.DEAD_LETTERED
+    assert chunk.failure_class == Chunk.FailureClass.POISON
     assert "3 deliveries started without completing" in chunk.last_error
     assert SeatHold.objects.count() == 5
 

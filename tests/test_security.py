@@ -1,0 +1,164 @@
+"""Who may do what in the console, CSRF, and the production profile."""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+from django_q.models import OrmQ
+
+from cleanup.dispatch import dispatch
+from cleanup.models import Chunk, Run
+from cleanup.worker import apply_chunk
+from tests.conftest import ROOT, subprocess_env
+from tests.factories import SeatHoldFactory
+
+pytestmark = pytest.mark.django_db
+
+ACTION_PERMS = ["replay", "requeue", "discard", "dispatch", "cancel"]
+ROLES = ["anonymous", "staff", "support", *ACTION_PERMS, "superuser"]
+
+
+def login(client: Client, role: str) -> None:
+    if role == "anonymous":
+        return
+    if role == "superuser":
+        user = User.objects.create_superuser("root", "root@example.org", "pw")
+    else:
+        user = User.objects.create_user(role, password="pw", is_staff=True)
+        codenames = [] if role == "staff" else ["view_run", "view_chunk"]
+        if role in ACTION_PERMS:
+            codenames.append(role)
+        user.user_permissions.set(Permission.objects.filter(
+            content_type__app_label="cleanup", codename__in=codenames))
+    client.force_login(user)
+
+
+@pytest.fixture
+def world(section):
+    """A running run with an enqueued chunk, and a finished one with a dead letter."""
+    SeatHoldFactory.create_batch(2, section=section, expired=True)
+    dead = dispatch("expire-holds").run.chunks.get()
+    apply_chunk({**dead.message, "version": 7})
+    SeatHoldFactory(section=section, expired=True)
+    running = dispatch("expire-holds", key="running").run
+    OrmQ.objects.all().delete()
+    return {"dead": Chunk.objects.get(pk=dead.pk), "running": running}
+
+
+def snapshot() -> tuple:
+    return (sorted(Chunk.objects.values_list("pk", "state", "discard_reason")),
+            sorted(Run.objects.values_list("pk", "state")), OrmQ.objects.count())
+
+
+def attempts(world) -> dict:
+    """For each permission, the forged request that would use it."""
+    dead, running = world["dead"], world["running"]
+    chunks = reverse("admin:cleanup_chunk_changelist")
+    runs = reverse("admin:cleanup_run_changelist")
+    replay_url = reverse("admin:cleanup_run_replay", args=[dead.run_id])
+    return {
+        "replay": (replay_url, {"cutoff": timezone.now().isoformat(), "_confirm": "1"}),
+        "requeue": (chunks, {"action": "requeue_chunks", "_selected_action": [dead.pk]}),
+        "discard": (chunks, {"action": "discard_chunks", "_selected_action": [dead.pk],
+                             "post": "yes", "reason": "x"}),
+        "dispatch": (reverse("admin:cleanup_run_dispatch"),
+                     {"policy": "expire-holds", "confirm_key": "6f1c1a58-5cb0-4a55-8a39"
+                      "-0f25b8f6f1d1", "_confirm": "1"}),
+        "cancel": (runs, {"action": "cancel_runs", "_selected_action": [running.pk],
+                          "post": "yes"}),
+    }
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_each_action_is_allowed_exactly_to_its_permission(client, world, role):
+    login(client, role)
+    for perm, (url, data) in attempts(world).items():
+        before = snapshot()
+        response = client.post(url, data)
+        allowed = role in (perm, "superuser")
+        if allowed:
+            assert response.status_code in (200, 302), (perm, response.status_code)
+        elif role == "anonymous":
+            assert response.status_code == 302 and "/login/" in response["Location"]
+            assert snapshot() == before
+        else:
+            assert response.status_code == 403, (perm, role, response.status_code)
+            assert snapshot() == before, (perm, role)
+
+
+PAGES = {
+    "runs": lambda w: reverse("admin:cleanup_run_changelist"),
+    "run": lambda w: reverse("admin:cleanup_run_change", args=[w["running"].pk]),
+    "chunks": lambda w: reverse("admin:cleanup_chunk_changelist"),
+    "chunk": lambda w: reverse("admin:cleanup_chunk_change", args=[w["dead"].pk]),
+    "overview": lambda w: reverse("admin:cleanup_cleanupoverview_changelist"),
+    "orphans": lambda w: reverse("admin:cleanup_orphanmessage_changelist"),
+}
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_pages_are_readable_by_viewers_only(client, world, role):
+    login(client, role)
+    for name, url in PAGES.items():
+        response = client.get(url(world))
+        if role == "anonymous":
+            assert response.status_code == 302, name
+        elif role == "staff" or (role != "superuser" and name == "orphans"):
+            assert response.status_code == 403, (name, role)
+        else:
+            assert response.status_code == 200, (name, role)
+
+
+def test_csrf_is_enforced_on_actions(world):
+    client = Client(enforce_csrf_checks=True)
+    login(client, "superuser")
+    before = snapshot()
+    url, data = attempts(world)["requeue"]
+    assert client.post(url, data).status_code == 403
+    assert snapshot() == before
+
+
+def test_production_profile_passes_the_deploy_checks():
+    env = subprocess_env(DJANGO_PROFILE="production", DJANGO_SECRET_KEY=secrets.token_urlsafe(50),
+                         DJANGO_ALLOWED_HOSTS="cleanup.example.org")
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
+
+
+def test_production_profile_refuses_to_start_without_a_secret_key():
+    env = subprocess_env(DJANGO_PROFILE="production")
+    env.pop("DJANGO_SECRET_KEY", None)
+    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "Configuration error: DJANGO_SECRET_KEY is required in the production profile.")
+
+
+def test_no_sql_is_assembled_from_input():
+    """Raw SQL is fixed text with bound parameters: no %-formatting, and f-strings
+    interpolate nothing but table names from model metadata."""
+    import ast
+
+    executes = 0
+    for path in [*(ROOT / "cleanup").rglob("*.py"), *(ROOT / "reservations").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "execute"):
+                continue
+            executes += 1
+            sql = node.args[0]
+            assert not (isinstance(sql, ast.BinOp) and isinstance(sql.op, ast.Mod)), path
+            for part in getattr(sql, "values", []):
+                if isinstance(part, ast.FormattedValue):
+                    assert ast.unparse(part.value).endswith("_meta.db_table"), path
+    assert executes >= 4
