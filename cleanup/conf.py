@@ -25,6 +25,13 @@ DEFAULTS = {
     # "Authorization: Bearer <METRICS_TOKEN>" when a token is set.
     "METRICS_ALLOWED_NETWORKS": ["127.0.0.0/8", "::1/128"],
     "METRICS_TOKEN": "",
+    # A cluster whose workers have not run the (per-minute) heartbeat task for this
+    # long is reported as not taking work.
+    "HEARTBEAT_STALE_SECONDS": 180,
+    # Finished runs and chunks older than this are purged by the engine's own
+    # policies; so are django-q2's saved task results after TASK_RESULT_RETENTION_DAYS.
+    "LEDGER_RETENTION_DAYS": 30,
+    "TASK_RESULT_RETENTION_DAYS": 7,
 }
 
 

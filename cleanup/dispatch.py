@@ -12,6 +12,8 @@ import structlog
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
+from django_q.brokers import get_broker
+from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 from django_q.tasks import async_task
 
@@ -136,17 +138,46 @@ def apply_in_process(run: Run) -> None:
         )
 
 
+def queue_shares_transaction() -> bool:
+    """Whether enqueueing joins the database transaction (django-q2's ORM broker)."""
+    return isinstance(get_broker(), ORM)
+
+
+def send_planned(run_id) -> int:
+    """Send a run's chunks that are planned but unsent, and mark them enqueued."""
+    with transaction.atomic():
+        chunks = list(
+            Chunk.objects.select_for_update(skip_locked=True)
+            .filter(run_id=run_id, state=Chunk.State.PLANNED)
+            .order_by("seq")
+        )
+        Chunk.objects.filter(pk__in=[c.pk for c in chunks]).update(
+            state=Chunk.State.ENQUEUED, enqueued_at=timezone.now()
+        )
+        return send(chunks)
+
+
 def _plan_and_send(run: Run, policy: Policy, *, sync: bool) -> tuple[int, int]:
+    """Write the run's chunks; send them in this transaction when the broker allows.
+
+    With another broker the messages go out after the commit (a message for a chunk
+    that never committed would mean nothing); a crash in between leaves the chunks
+    planned, and the reconciler sends them.
+    """
     now = timezone.now()
-    state = Chunk.State.PLANNED if sync else Chunk.State.ENQUEUED
+    in_transaction = not sync and queue_shares_transaction()
+    state = Chunk.State.ENQUEUED if in_transaction else Chunk.State.PLANNED
     candidates = chunks = 0
     batch: list[Chunk] = []
 
     def flush() -> None:
         Chunk.objects.bulk_create(batch)
-        if not sync:
+        if in_transaction:
             send(batch)
         batch.clear()
+
+    if not sync and not in_transaction:
+        transaction.on_commit(lambda: send_planned(run.id))
 
     for seq, planned in enumerate(plan(policy, run.cutoff, run.scheme), start=1):
         batch.append(
@@ -157,7 +188,7 @@ def _plan_and_send(run: Run, policy: Policy, *, sync: bool) -> tuple[int, int]:
                 message=_message(run, seq, planned),
                 planned_rows=planned.rows,
                 planned_at=now,
-                enqueued_at=None if sync else now,
+                enqueued_at=now if in_transaction else None,
             )
         )
         candidates += planned.rows

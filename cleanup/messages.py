@@ -43,7 +43,7 @@ def items_message(run_id, chunk_id, policy, cutoff, items) -> dict:
         "chunk_id": chunk_id,
         "policy": policy,
         "cutoff": cutoff.isoformat(),
-        "items": [[pk, observed.isoformat()] for pk, observed in items],
+        "items": [[_json_key(pk), observed.isoformat()] for pk, observed in items],
     }
 
 
@@ -55,10 +55,15 @@ def range_message(run_id, chunk_id, policy, cutoff, partition, start_id, end_id)
         "chunk_id": chunk_id,
         "policy": policy,
         "cutoff": cutoff.isoformat(),
-        "tenant_id": partition,
+        "tenant_id": _json_key(partition),
         "start_id": start_id,
         "end_id": end_id,
     }
+
+
+def _json_key(value: Any) -> Any:
+    """Keys that JSON cannot carry as they are (UUIDs) travel as strings."""
+    return value if isinstance(value, (int, str)) or value is None else str(value)
 
 
 def identify(raw: Any) -> tuple[str | None, int | None]:

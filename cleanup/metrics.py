@@ -8,9 +8,7 @@ state. Any web process on any host therefore serves the same, right figures.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
-from django.db.models import Count, Q, Sum
+from django.db.models import Count
 from django.utils import timezone
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -18,28 +16,32 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 
-from cleanup.models import Chunk, OrphanMessage, Run
+from cleanup.counters import DURATION_BUCKETS_MS, ROWS_BUCKETS, all_sums
+from cleanup.models import Chunk, OrphanMessage, Run, WorkerHeartbeat
 from cleanup.overview import policy_overview
 from cleanup.policies import all_policies
 
-DURATION_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
-ROWS_BUCKETS = (0, 1, 10, 50, 100, 250, 500, 1000, 2500, 5000)
 UNKNOWN_POLICY = "unknown"
 
-# name, help, the ledger sum behind it
-CHUNK_COUNTERS = [
-    ("cleanup_deliveries", "Chunk deliveries started.", Sum("deliveries")),
-    ("cleanup_rows_deleted", "Rows deleted by chunks.", Sum("rows_deleted")),
+# family name, help text, key in the counter sums
+COUNTERS = [
+    ("cleanup_candidates_found", "Rows found eligible when runs were planned.",
+     "candidates_found"),
+    ("cleanup_chunks_published", "Chunk messages published (first sends and re-sends).",
+     "chunks_published"),
+    ("cleanup_deliveries", "Chunk deliveries started.", "deliveries"),
+    ("cleanup_rows_deleted", "Rows deleted by chunks.", "rows_deleted"),
     ("cleanup_noop", "Deliveries that changed nothing (duplicates, replays, nothing eligible).",
-     Sum("noop_deliveries")),
+     "noop"),
     ("cleanup_items_skipped",
      "Planned rows no longer eligible when their chunk ran (renewed, confirmed, gone).",
-     Sum("items_skipped")),
+     "items_skipped"),
     ("cleanup_retryable_failures",
      "Transient errors: retries inside a delivery plus deliveries left for redelivery.",
-     Sum("transient_retries") + Sum("failures")),
-    ("cleanup_chunks_committed", "Chunks whose outcome committed.",
-     Count("pk", filter=Q(committed_at__isnull=False))),
+     "retryable_failures"),
+    ("cleanup_chunks_committed", "Chunks whose outcome committed.", "chunks_committed"),
+    ("cleanup_chunks_reconciled", "Chunks re-sent by the reconciler (lost or unsent).",
+     "reconciled"),
 ]
 
 
@@ -53,24 +55,18 @@ class LedgerCollector:
     def collect(self):
         now = timezone.now()
         policies = [p.name for p in all_policies()]
-        yield from self._chunk_counters(policies)
-        yield from self._run_counters(policies)
-        yield from self._histograms(policies)
+        sums = all_sums()
+        yield from self._counters(policies, sums)
+        yield from self._histograms(policies, sums)
         yield from self._state_gauges(policies)
         yield from self._health_gauges(now)
+        yield self._heartbeats(now)
 
-    def _chunk_counters(self, policies):
-        sums = _per_policy(
-            Chunk.objects.values("run__policy").annotate(
-                **{name: expr for name, _, expr in CHUNK_COUNTERS},
-                dead=Sum("dead_letters"),
-            ),
-            "run__policy",
-        )
-        for name, help_text, _ in CHUNK_COUNTERS:
+    def _counters(self, policies, sums):
+        for name, help_text, key in COUNTERS:
             family = CounterMetricFamily(name, help_text, labels=["policy"])
             for policy in policies:
-                family.add_metric([policy], sums[policy].get(name) or 0)
+                family.add_metric([policy], sums[policy][key])
             yield family
         dead = CounterMetricFamily(
             "cleanup_dead_lettered",
@@ -78,62 +74,39 @@ class LedgerCollector:
             labels=["policy"],
         )
         for policy in policies:
-            dead.add_metric([policy], sums[policy].get("dead") or 0)
+            dead.add_metric([policy], sums[policy]["dead_lettered"])
         dead.add_metric([UNKNOWN_POLICY], OrphanMessage.objects.count())
         yield dead
-
-    def _run_counters(self, policies):
         runs = CounterMetricFamily("cleanup_runs", "Runs started, by trigger.",
                                    labels=["policy", "trigger"])
-        found = CounterMetricFamily(
-            "cleanup_candidates_found", "Rows found eligible when runs were planned.",
-            labels=["policy"],
-        )
-        published = CounterMetricFamily(
-            "cleanup_chunks_published", "Chunk messages published (first sends and re-sends).",
-            labels=["policy"],
-        )
-        rows = Run.objects.values_list("policy", "trigger").annotate(
-            n=Count("pk"), candidates=Sum("candidates"), sent=Sum("messages_sent")
-        ).order_by()
-        counts, candidates, sent = {}, defaultdict(int), defaultdict(int)
-        for policy, trigger, n, found_rows, messages in rows:
-            counts[policy, trigger] = n
-            candidates[policy] += found_rows or 0
-            sent[policy] += messages or 0
         for policy in policies:
             for trigger in Run.Trigger.values:
-                runs.add_metric([policy, trigger], counts.get((policy, trigger), 0))
-            found.add_metric([policy], candidates[policy])
-            published.add_metric([policy], sent[policy])
+                runs.add_metric([policy, trigger], sums[policy][f"runs_{trigger}"])
         yield runs
-        yield found
-        yield published
 
-    def _histograms(self, policies):
-        committed = Chunk.objects.filter(committed_at__isnull=False)
-        duration = _per_policy(
-            committed.filter(duration_ms__isnull=False).values("run__policy").annotate(
-                count=Count("pk"), total=Sum("duration_ms"),
-                **{f"le{b}": Count("pk", filter=Q(duration_ms__lte=b))
-                   for b in DURATION_BUCKETS_MS},
-            ),
-            "run__policy",
-        )
-        sizes = _per_policy(
-            committed.values("run__policy").annotate(
-                count=Count("pk"), total=Sum("rows_deleted"),
-                **{f"le{b}": Count("pk", filter=Q(rows_deleted__lte=b)) for b in ROWS_BUCKETS},
-            ),
-            "run__policy",
-        )
-        yield _histogram(
+    def _histograms(self, policies, sums):
+        duration = HistogramMetricFamily(
             "cleanup_chunk_transaction_seconds",
             "Duration of the transaction that committed each chunk (up to its last write).",
-            duration, DURATION_BUCKETS_MS, policies, scale=1000,
-        )
-        yield _histogram("cleanup_chunk_rows", "Rows deleted per committed chunk.", sizes,
-                         ROWS_BUCKETS, policies)
+            labels=["policy"])
+        rows = HistogramMetricFamily("cleanup_chunk_rows", "Rows deleted per committed chunk.",
+                                     labels=["policy"])
+        for policy in policies:
+            values = sums[policy]
+            duration.add_metric(
+                [policy],
+                [(str(b / 1000), values[f"duration_le_{b}"]) for b in DURATION_BUCKETS_MS]
+                + [("+Inf", values["duration_count"])],
+                values["duration_sum_ms"] / 1000,
+            )
+            rows.add_metric(
+                [policy],
+                [(str(float(b)), values[f"rows_le_{b}"]) for b in ROWS_BUCKETS]
+                + [("+Inf", values["rows_count"])],
+                values["rows_sum"],
+            )
+        yield duration
+        yield rows
 
     def _state_gauges(self, policies):
         family = GaugeMetricFamily("cleanup_chunks", "Chunks by current state.",
@@ -192,6 +165,19 @@ class LedgerCollector:
         yield from gauges.values()
 
 
+    def _heartbeats(self, now):
+        family = GaugeMetricFamily(
+            "cleanup_heartbeat_age_seconds",
+            "Seconds since a worker of each cluster last ran the heartbeat task "
+            "(a cluster that stopped taking work grows; an idle one does not).",
+            labels=["host", "cluster"])
+        for heartbeat in WorkerHeartbeat.objects.all():
+            family.add_metric([heartbeat.host, heartbeat.cluster],
+                              (now - heartbeat.beat_at).total_seconds())
+        return family
+
+
+
 _collector = LedgerCollector()
 
 
@@ -205,23 +191,6 @@ def register_collector() -> None:
 
 def ledger_collector() -> LedgerCollector:
     return _collector
-
-
-def _per_policy(rows, key: str) -> dict:
-    result = defaultdict(dict)
-    for row in rows:
-        result[row.pop(key)] = row
-    return result
-
-
-def _histogram(name, help_text, data, buckets, policies, scale=1):
-    family = HistogramMetricFamily(name, help_text, labels=["policy"])
-    for policy in policies:
-        row = data.get(policy, {})
-        cumulative = [(str(b / scale), row.get(f"le{b}", 0)) for b in buckets]
-        cumulative.append(("+Inf", row.get("count", 0)))
-        family.add_metric([policy], cumulative, (row.get("total") or 0) / scale)
-    return family
 
 
 def _seconds(age) -> float:

@@ -30,8 +30,11 @@ class Run(models.Model):
     scheme = models.CharField(max_length=10)
     state = models.CharField(max_length=32, choices=State.choices, default=State.RUNNING)
     trigger = models.CharField(max_length=16, choices=Trigger.choices)
+    # No cascade and no constraint: the retention purge deletes old runs in one
+    # statement, and a newer run may still name the one it replayed.
     replay_of = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="replays"
+        "self", null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False,
+        related_name="replays",
     )
     candidates = models.PositiveIntegerField(default=0)
     chunks_planned = models.PositiveIntegerField(default=0)
@@ -40,6 +43,8 @@ class Run(models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    FINISHED = (State.COMPLETED, State.COMPLETED_WITH_DEAD_LETTERS, State.CANCELLED)
 
     class Meta:
         ordering = ["-created_at"]
@@ -77,8 +82,11 @@ class Chunk(models.Model):
 
     UNFINISHED = (State.PLANNED, State.ENQUEUED, State.RETRYING)
     DONE = (State.COMMITTED, State.ACKNOWLEDGED)
+    FINISHED = (*DONE, State.DEAD_LETTERED, State.DISCARDED, State.CANCELLED)
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="chunks")
+    # DO_NOTHING keeps the run purge a single DELETE; the database constraint still
+    # refuses to delete a run whose chunks remain (they are purged first).
+    run = models.ForeignKey(Run, on_delete=models.DO_NOTHING, related_name="chunks")
     seq = models.PositiveIntegerField(help_text="The chunk's id within its run.")
     state = models.CharField(max_length=16, choices=State.choices, default=State.PLANNED)
     message = models.JSONField(help_text="The message exactly as sent.")
@@ -113,6 +121,10 @@ class Chunk(models.Model):
     acknowledged_at = models.DateTimeField(null=True, blank=True)
     dead_lettered_at = models.DateTimeField(null=True, blank=True)
     discarded_at = models.DateTimeField(null=True, blank=True)
+    reconciled_at = models.DateTimeField(null=True, blank=True)
+    reconciles = models.PositiveIntegerField(
+        default=0, help_text="Times the reconciler re-sent it as lost or never sent."
+    )
 
     class Meta:
         ordering = ["run", "seq"]
@@ -144,3 +156,41 @@ class CleanupOverview(Run):
         proxy = True
         verbose_name = "Cleanup overview"
         verbose_name_plural = "Cleanup overview"
+
+
+class WorkerHeartbeat(models.Model):
+    """The last time a worker of a cluster ran the heartbeat task.
+
+    The heartbeat travels through the queue like any task, so a cluster that has
+    stopped taking work stops beating, while an idle one keeps beating.
+    """
+
+    host = models.CharField(max_length=255)
+    cluster = models.CharField(max_length=100)
+    pid = models.PositiveIntegerField()
+    beat_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["host", "cluster"], name="heartbeat_unique_cluster")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster}@{self.host}"
+
+
+class LedgerTotal(models.Model):
+    """Counter sums of ledger rows that a retention purge deleted, so /metrics
+    counters keep adding after the rows are gone."""
+
+    policy = models.CharField(max_length=100)
+    key = models.CharField(max_length=64)
+    value = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["policy", "key"], name="ledgertotal_unique_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.policy} {self.key} = {self.value}"

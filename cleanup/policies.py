@@ -41,6 +41,9 @@ class Policy:
     # How long after its observed value a row becomes eligible (a retention period);
     # the backlog's age is measured from then.
     eligible_after: Callable[[], timedelta] | None = None
+    # Called with the chunk's DELETE queryset inside its transaction, just before the
+    # delete (the ledger purge rolls up the counters of what it deletes).
+    before_delete: Callable[[models.QuerySet], None] | None = None
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:

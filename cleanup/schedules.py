@@ -19,6 +19,11 @@ log = structlog.get_logger("cleanup.schedules")
 
 DISPATCH_TASK = "cleanup.tasks.dispatch_scheduled"
 NAME_PREFIX = "cleanup:"
+# The engine's own minute-by-minute tasks, beside one schedule per policy.
+ENGINE_SCHEDULES = {
+    "reconcile": "cleanup.tasks.reconcile_chunks",
+    "heartbeat": "cleanup.tasks.heartbeat",
+}
 
 
 @dataclass
@@ -37,23 +42,27 @@ def install_schedules() -> ScheduleChanges:
     """
     changes = ScheduleChanges()
     wanted = {
-        f"{NAME_PREFIX}{p.name}": p for p in all_policies() if p.schedule is not None
+        f"{NAME_PREFIX}{p.name}": {
+            "func": DISPATCH_TASK,
+            "kwargs": repr({"policy": p.name}),
+            "cron": p.schedule,
+            "intended_date_kwarg": "scheduled_for",
+        }
+        for p in all_policies()
+        if p.schedule is not None
     }
+    for name, func in ENGINE_SCHEDULES.items():
+        wanted[f"{NAME_PREFIX}{name}"] = {
+            "func": func, "kwargs": None, "cron": "* * * * *", "intended_date_kwarg": None,
+        }
     with transaction.atomic():
         existing = {
             s.name: s for s in Schedule.objects.select_for_update().filter(
                 name__startswith=NAME_PREFIX
             )
         }
-        for name, policy in wanted.items():
-            fields = {
-                "func": DISPATCH_TASK,
-                "kwargs": repr({"policy": policy.name}),
-                "schedule_type": Schedule.CRON,
-                "cron": policy.schedule,
-                "intended_date_kwarg": "scheduled_for",
-                "repeats": -1,
-            }
+        for name, spec in wanted.items():
+            fields = {**spec, "schedule_type": Schedule.CRON, "repeats": -1}
             schedule = existing.get(name)
             if schedule is None:
                 Schedule.objects.create(name=name, **fields)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from cleanup import health, reconcile
 from cleanup.schedules import dispatch_slot
 from cleanup.worker import apply_chunk as apply_chunk_message
 
@@ -17,3 +18,13 @@ def dispatch_scheduled(policy: str, scheduled_for: str) -> str | None:
     """Start the run of one schedule slot; the slot is the dispatch key."""
     run = dispatch_slot(policy, datetime.fromisoformat(scheduled_for))
     return str(run.id) if run else None
+
+
+def reconcile_chunks() -> int:
+    """Re-send chunks that were never sent or whose message was lost."""
+    return reconcile.reconcile().resent
+
+
+def heartbeat() -> int:
+    """Prove that a worker of this cluster takes work; returns its pid."""
+    return health.beat().pid

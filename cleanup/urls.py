@@ -2,4 +2,7 @@ from django.urls import path
 
 from cleanup import views
 
-urlpatterns = [path("metrics", views.metrics, name="cleanup-metrics")]
+urlpatterns = [
+    path("metrics", views.metrics, name="cleanup-metrics"),
+    path("health", views.health, name="cleanup-health"),
+]

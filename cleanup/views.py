@@ -6,7 +6,7 @@ import hmac
 import ipaddress
 import os
 
-from django.http import HttpResponse, HttpResponseForbidden
+from django.http import HttpResponse, HttpResponseForbidden, JsonResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -15,6 +15,7 @@ from prometheus_client import (
     multiprocess,
 )
 
+from cleanup import health as health_report
 from cleanup.conf import conf
 from cleanup.metrics import ledger_collector
 
@@ -47,3 +48,9 @@ def scraper_allowed(request) -> bool:
     except ValueError:
         return False
     return any(client in ipaddress.ip_network(net) for net in conf.METRICS_ALLOWED_NETWORKS)
+
+
+def health(request):
+    """200 when the database answers and some cluster takes work, else 503."""
+    healthy, details = health_report.report()
+    return JsonResponse({"healthy": healthy, **details}, status=200 if healthy else 503)

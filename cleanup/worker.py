@@ -97,7 +97,10 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) ->
             )
             deleted, outcome = 0, Outcome.NOOP
         else:
-            deleted, _ = delete_statement(policy, message).delete()
+            doomed = delete_statement(policy, message)
+            if policy.before_delete is not None:
+                policy.before_delete(doomed)
+            deleted, _ = doomed.delete()
             outcome = Outcome.DELETED if deleted else Outcome.NOOP
             _record_commit(current, deleted, retries, time.monotonic() - started)
     log.info(

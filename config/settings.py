@@ -139,5 +139,10 @@ Q_CLUSTER = {
     "save_limit": 250,
     "label": "Task queue",
 }
+if os.environ.get("Q_BROKER", "orm") == "redis":
+    # Messages then leave the database transaction: they are sent after the run
+    # commits, and the reconciler re-sends any that a dying worker took with it.
+    del Q_CLUSTER["orm"]
+    Q_CLUSTER["redis"] = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 LOGGING = logging_config(json_lines=PRODUCTION or bool(os.environ.get("LOG_JSON")))

@@ -166,7 +166,11 @@ def test_replay_of_unknown_run_or_chunk_fails_and_sends_nothing(expired_holds):
 def test_schedule_command_twice_changes_nothing(db):
     first = run_json("cleanup_schedule")
     second = run_json("cleanup_schedule")
-    assert first["created"] == ["cleanup:expire-holds", "cleanup:purge-reminder-attempts"]
+    assert first["created"] == [
+        "cleanup:expire-holds", "cleanup:purge-cleanup-chunks", "cleanup:purge-cleanup-runs",
+        "cleanup:purge-reminder-attempts", "cleanup:purge-task-results",
+        "cleanup:reconcile", "cleanup:heartbeat",
+    ]
     assert second["unchanged"] == first["created"]
     assert second["created"] == second["updated"] == second["removed"] == []
 

@@ -7,6 +7,7 @@ own and must see what the test committed.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -116,3 +117,32 @@ def test_poison_chunk_killing_its_worker_is_dead_lettered_after_the_limit(settin
     assert chunk.state == Chunk.State.DEAD_LETTERED
     assert chunk.run.state == Run.State.COMPLETED_WITH_DEAD_LETTERS
     assert SeatHold.objects.count() == 2
+
+
+def test_heartbeat_tells_a_frozen_cluster_from_an_idle_one(client, settings):
+    from django_q.tasks import async_task
+
+    from cleanup.models import WorkerHeartbeat
+
+    settings.CLEANUP_HEARTBEAT_STALE_SECONDS = 2
+    process = manage("qcluster", **{**QCLUSTER_ENV, "Q_WORKERS": "1"})
+    try:
+        async_task("cleanup.tasks.heartbeat")
+        beat = wait_for(lambda: WorkerHeartbeat.objects.first(), timeout=30,
+                        what="the first heartbeat")
+        wait_for(lambda: client.get("/health").status_code == 200, what="healthy")
+
+        os.kill(beat.pid, signal.SIGSTOP)  # the only worker stops taking work
+        try:
+            async_task("cleanup.tasks.heartbeat")
+            wait_for(lambda: client.get("/health").status_code == 503, timeout=15,
+                     what="health to turn")
+            assert client.get("/health").json()["clusters"][0]["taking_work"] is False
+        finally:
+            os.kill(beat.pid, signal.SIGCONT)
+
+        wait_for(lambda: client.get("/health").status_code == 200, timeout=30,
+                 what="health to recover")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)

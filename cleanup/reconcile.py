@@ -1,0 +1,67 @@
+"""Re-send chunks whose message was never sent or has been lost.
+
+With the ORM broker a run's messages commit with it and an unacknowledged message
+comes back after its lease. With another broker (Redis) messages are sent after the
+commit and a message taken by a worker that died is gone; a purged queue loses them
+too. Both leave chunks unfinished and silent, which is what this looks for. A
+spurious re-send is harmless: the conditional DELETE makes it a no-op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import structlog
+from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Coalesce, Greatest
+from django.utils import timezone
+
+from cleanup.conf import lease
+from cleanup.dispatch import send
+from cleanup.models import Chunk, Run
+
+log = structlog.get_logger("cleanup.reconcile")
+
+BATCH = 500
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    resent: int
+    never_sent: int
+
+
+def reconcile(now: datetime | None = None) -> ReconcileResult:
+    """Re-send unfinished chunks of running runs that were silent for a whole lease.
+
+    Each chunk is re-sent at most once per lease, so a long queue is not flooded with
+    copies; chunks a delivery holds right now are skipped.
+    """
+    now = now or timezone.now()
+    silent_since = now - lease()
+    with transaction.atomic():
+        chunks = list(
+            Chunk.objects.select_for_update(of=("self",), skip_locked=True)
+            .filter(state__in=Chunk.UNFINISHED, run__state=Run.State.RUNNING)
+            .alias(last_seen=Greatest(
+                Coalesce("last_delivery_at", "planned_at"),
+                Coalesce("enqueued_at", "planned_at"),
+                Coalesce("reconciled_at", "planned_at"),
+            ))
+            .filter(last_seen__lt=silent_since)
+            .order_by("pk")[:BATCH]
+        )
+        never_sent = [c.pk for c in chunks if c.state == Chunk.State.PLANNED]
+        Chunk.objects.filter(pk__in=never_sent).update(
+            state=Chunk.State.ENQUEUED, enqueued_at=now
+        )
+        Chunk.objects.filter(pk__in=[c.pk for c in chunks]).update(
+            reconciled_at=now, reconciles=F("reconciles") + 1
+        )
+        send(chunks)
+    for chunk in chunks:
+        log.warning("chunk re-sent by the reconciler", run_id=str(chunk.run_id),
+                    chunk_id=chunk.seq, state=chunk.state)
+    return ReconcileResult(len(chunks), len(never_sent))

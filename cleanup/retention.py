@@ -1,0 +1,69 @@
+"""The engine's own cleanup policies: it purges its ledger and django-q2's results
+with the same replay-safe pipeline it offers the host project."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db.models import Q, QuerySet
+
+from cleanup import counters
+from cleanup.conf import conf
+from cleanup.models import Chunk, Run
+from cleanup.policies import ITEMS, RANGE, Policy, register
+
+PURGE_CHUNKS = "purge-cleanup-chunks"
+PURGE_RUNS = "purge-cleanup-runs"
+PURGE_TASK_RESULTS = "purge-task-results"
+# Runs go a day after their chunks, so the chunk purge has emptied them by then.
+RUN_MARGIN = timedelta(days=1)
+
+
+def ledger_retention() -> timedelta:
+    return timedelta(days=conf.LEDGER_RETENTION_DAYS)
+
+
+def task_result_retention() -> timedelta:
+    return timedelta(days=conf.TASK_RESULT_RETENTION_DAYS)
+
+
+def old_chunks(cutoff: datetime) -> Q:
+    return Q(state__in=Chunk.FINISHED, planned_at__lte=cutoff - ledger_retention())
+
+
+def old_runs(cutoff: datetime) -> Q:
+    return Q(state__in=Run.FINISHED, created_at__lte=cutoff - ledger_retention() - RUN_MARGIN)
+
+
+def old_task_results(cutoff: datetime) -> Q:
+    return Q(stopped__lte=cutoff - task_result_retention())
+
+
+def roll_up_chunks(doomed: QuerySet) -> None:
+    # Lock first, so the sums are exactly what the DELETE then removes.
+    locked = list(doomed.select_for_update().values_list("pk", flat=True))
+    counters.roll_up(counters.chunk_sums(Chunk.objects.filter(pk__in=locked)))
+
+
+def roll_up_runs(doomed: QuerySet) -> None:
+    locked = list(doomed.select_for_update().values_list("pk", flat=True))
+    counters.roll_up(counters.run_sums(Run.objects.filter(pk__in=locked)))
+
+
+def register_policies() -> None:
+    register(Policy(
+        name=PURGE_CHUNKS, model_label="cleanup.Chunk", eligible=old_chunks,
+        observed_field="planned_at", partition_field="run", scheme=RANGE, chunk_size=1000,
+        schedule="40 * * * *", eligible_after=ledger_retention, before_delete=roll_up_chunks,
+    ))
+    register(Policy(
+        name=PURGE_RUNS, model_label="cleanup.Run", eligible=old_runs,
+        observed_field="created_at", partition_field="policy", scheme=ITEMS, chunk_size=500,
+        schedule="50 * * * *", eligible_after=lambda: ledger_retention() + RUN_MARGIN,
+        before_delete=roll_up_runs,
+    ))
+    register(Policy(
+        name=PURGE_TASK_RESULTS, model_label="django_q.Task", eligible=old_task_results,
+        observed_field="stopped", partition_field="func", scheme=ITEMS, chunk_size=500,
+        schedule="55 * * * *", eligible_after=task_result_retention,
+    ))

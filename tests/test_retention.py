@@ -1,0 +1,88 @@
+"""The engine purges its own ledger and django-q2's results, and counters never drop."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from django_q.models import Task
+
+from cleanup.dispatch import dispatch
+from cleanup.models import Chunk, LedgerTotal, Run
+from cleanup.retention import PURGE_CHUNKS, PURGE_RUNS, PURGE_TASK_RESULTS
+from cleanup.worker import apply_chunk
+from tests.test_metrics import HOLDS, scrape, value
+
+pytestmark = pytest.mark.django_db
+OLD = timezone.now() - timedelta(days=40)
+COUNTERS = ["cleanup_rows_deleted_total", "cleanup_deliveries_total", "cleanup_noop_total",
+            "cleanup_chunks_committed_total", "cleanup_candidates_found_total",
+            "cleanup_chunks_published_total", "cleanup_chunk_rows_count",
+            "cleanup_chunk_transaction_seconds_count"]
+
+
+@pytest.fixture
+def old_run(expired_holds):
+    run = dispatch("expire-holds").run
+    chunk = run.chunks.get()
+    apply_chunk(chunk.message)
+    apply_chunk(chunk.message)
+    Chunk.objects.filter(run=run).update(planned_at=OLD)
+    Run.objects.filter(pk=run.pk).update(created_at=OLD - timedelta(days=2))
+    return run
+
+
+def counters(client) -> dict:
+    samples = scrape(client)
+    return {name: value(samples, name, **HOLDS) for name in COUNTERS} | {
+        "runs": value(samples, "cleanup_runs_total", trigger="command", **HOLDS)}
+
+
+def test_old_chunks_then_runs_are_purged_and_counters_keep_their_values(client, old_run):
+    before = counters(client)
+    assert before["cleanup_rows_deleted_total"] == 5
+
+    dispatch(PURGE_CHUNKS, sync=True)
+    assert not Chunk.objects.filter(run=old_run).exists()
+    assert counters(client) == before
+
+    dispatch(PURGE_RUNS, sync=True)
+    assert not Run.objects.filter(pk=old_run.pk).exists()
+    assert counters(client) == before
+    assert LedgerTotal.objects.get(policy="expire-holds", key="rows_deleted").value == 5
+
+
+def test_recent_and_unfinished_ledger_rows_stay(client, expired_holds):
+    run = dispatch("expire-holds").run  # enqueued, not finished
+    Chunk.objects.filter(run=run).update(planned_at=OLD)
+
+    dispatch(PURGE_CHUNKS, sync=True)
+    dispatch(PURGE_RUNS, sync=True)
+
+    assert Chunk.objects.filter(run=run).exists() and Run.objects.filter(pk=run.pk).exists()
+
+
+# The foreign key is checked at commit (Django's constraints are deferred): the test
+# must commit for real to see the refusal.
+@pytest.mark.django_db(transaction=True)
+def test_a_run_whose_chunks_remain_is_not_deleted(old_run):
+    Chunk.objects.filter(run=old_run).update(planned_at=timezone.now())  # not yet purged
+
+    purge = dispatch(PURGE_RUNS, sync=True).run
+
+    assert Run.objects.filter(pk=old_run.pk).exists()
+    chunk = purge.chunks.get()
+    assert (chunk.state, chunk.failure_class) == ("dead_lettered", "error")
+    assert "violates foreign key constraint" in chunk.last_error
+
+
+def test_old_task_results_are_purged(db):
+    now = timezone.now()
+    for name, stopped in (("old", now - timedelta(days=8)), ("new", now)):
+        Task.objects.create(id=name.ljust(32, "0"), name=name, func="math.floor",
+                            started=stopped, stopped=stopped, success=False)
+
+    dispatch(PURGE_TASK_RESULTS, sync=True)
+
+    assert list(Task.objects.values_list("name", flat=True)) == ["new"]
