@@ -17,6 +17,7 @@ from django.db import transaction
 from django.db.models import F
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
+from django_q.brokers import get_broker
 
 from cleanup.conf import lease
 from cleanup.dispatch import send
@@ -36,11 +37,15 @@ class ReconcileResult:
 def reconcile(now: datetime | None = None) -> ReconcileResult:
     """Re-send unfinished chunks of running runs that were silent for a whole lease.
 
-    Each chunk is re-sent at most once per lease, so a long queue is not flooded with
-    copies; chunks a delivery holds right now are skipped.
+    Only once the queue has drained, and each chunk at most once per lease, so a long
+    queue is never flooded with copies; chunks a delivery holds right now are skipped.
     """
     now = now or timezone.now()
     silent_since = now - lease()
+    if get_broker().queue_size():
+        # Messages are still waiting: silence may be a backlog, not a loss. Re-sending
+        # now would pile copies on the queue; once it drains, the lost ones show.
+        return ReconcileResult(0, 0)
     with transaction.atomic():
         chunks = list(
             Chunk.objects.select_for_update(of=("self",), skip_locked=True)

@@ -92,6 +92,10 @@ def dispatch_slot(policy: str, slot: datetime) -> Run | None:
     would plan the rows already in flight again. A run older than that is presumed
     stalled, and the slot dispatches anyway.
     """
+    key = schedule_key(policy, slot)
+    existing = Run.objects.filter(dispatch_key=key).first()
+    if existing is not None:  # the slot fired twice
+        return existing
     in_flight = (
         Run.objects.filter(policy=policy, state=Run.State.RUNNING,
                            created_at__gte=timezone.now() - lease())
@@ -102,4 +106,4 @@ def dispatch_slot(policy: str, slot: datetime) -> Run | None:
         log.info("schedule slot skipped", policy=policy, slot=slot.isoformat(),
                  in_flight_run=str(in_flight.id))
         return None
-    return dispatch(policy, key=schedule_key(policy, slot), trigger=Run.Trigger.SCHEDULE).run
+    return dispatch(policy, key=key, trigger=Run.Trigger.SCHEDULE).run

@@ -36,6 +36,15 @@ def test_silent_enqueued_chunk_is_resent_once_per_lease(expired_holds):
     assert apply_chunk(chunk.message) == Outcome.DELETED
 
 
+def test_nothing_is_resent_while_the_queue_still_holds_messages(expired_holds):
+    chunk = dispatch("expire-holds").run.chunks.get()
+    Chunk.objects.filter(pk=chunk.pk).update(planned_at=LONG_AGO, enqueued_at=LONG_AGO)
+    assert OrmQ.objects.count() == 1  # a backlog, not a loss
+
+    assert reconcile().resent == 0
+    assert OrmQ.objects.count() == 1
+
+
 def test_recent_or_finished_chunks_are_left_alone(expired_holds):
     chunk = dispatch("expire-holds").run.chunks.get()
     assert reconcile().resent == 0  # just sent: its message may still be waiting

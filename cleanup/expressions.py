@@ -1,0 +1,56 @@
+"""An ORM condition for "(pk, observed) is one of these pairs", in one statement."""
+
+from __future__ import annotations
+
+from django.db.models import BooleanField, Expression, F
+
+
+class PairsIn(Expression):
+    """``(a, b) IN (SELECT * FROM unnest(%s::type_a[], %s::type_b[]))``.
+
+    The pairs travel as two array parameters, so the statement's text does not grow
+    with the chunk. It compares the row's own columns: PostgreSQL re-checks it against
+    a row version that a concurrent update produced, which a subquery over the table
+    itself would not.
+    """
+
+    output_field = BooleanField()
+    conditional = True
+
+    def __init__(self, first: str, second: str, pairs):
+        super().__init__()
+        self.fields = (first, second)
+        self.pairs = list(pairs)
+        self.columns = ()
+
+    def resolve_expression(self, query=None, allow_joins=True, reuse=None, summarize=False,
+                           for_save=False):
+        resolved = self.copy()
+        resolved.columns = tuple(
+            F(name).resolve_expression(query, allow_joins=False, reuse=reuse)
+            for name in self.fields
+        )
+        return resolved
+
+    def get_source_expressions(self):
+        return list(self.columns)
+
+    def set_source_expressions(self, expressions):
+        self.columns = tuple(expressions)
+
+    def as_sql(self, compiler, connection):
+        columns, params = [], []
+        for column in self.columns:
+            sql, column_params = compiler.compile(column)
+            columns.append(sql)
+            params.extend(column_params)
+        types = [column.output_field.db_type(connection) for column in self.columns]
+        # AutoFields report "bigserial"-like types only when created; compare as bigint.
+        types = [t.replace("bigserial", "bigint").replace("serial", "integer") for t in types]
+        params.append([first for first, _ in self.pairs])
+        params.append([second for _, second in self.pairs])
+        return (
+            f"({columns[0]}, {columns[1]}) IN "
+            f"(SELECT * FROM unnest(%s::{types[0]}[], %s::{types[1]}[]))",
+            params,
+        )

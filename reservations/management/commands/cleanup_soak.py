@@ -1,0 +1,56 @@
+import json
+import signal
+import sys
+
+from django.core.management.base import BaseCommand, CommandError
+
+from reservations.soak.runner import run_soak
+
+
+class Command(BaseCommand):
+    help = (
+        "Soak the cleanup pipeline: two qcluster subprocesses, live learner traffic, "
+        "injected faults, then checks. Deletes every tenant, section, hold and reminder "
+        "attempt first. Uses the configured broker (Q_BROKER=redis for Redis)."
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--duration", type=float, default=60, help="Seconds of faults.")
+        parser.add_argument("--min-faults", type=int, default=2,
+                            help="Minimum hits of each fault kind for the soak to pass.")
+        parser.add_argument("--seed", type=int, default=1)
+        parser.add_argument("--noinput", "--no-input", action="store_false",
+                            dest="interactive")
+        parser.add_argument("--json", action="store_true")
+
+    def handle(self, *args, duration, min_faults, seed, interactive, **options):
+        if duration < 10:
+            raise CommandError("--duration must be at least 10 seconds")
+        if interactive:
+            answer = input("The soak deletes all reservation data first. Type 'yes': ")
+            if answer != "yes":
+                raise CommandError("Cancelled; nothing changed.")
+        say = (lambda line: None) if options["json"] else self.stdout.write
+        # Stopped from outside (SIGTERM), still stop the clusters on the way out.
+        signal.signal(signal.SIGTERM, lambda *args: sys.exit("soak stopped by SIGTERM"))
+        report = run_soak(duration=duration, min_faults=min_faults, seed=seed, say=say)
+        if options["json"]:
+            self.stdout.write(json.dumps(report.__dict__ | {"ok": report.ok}, default=str))
+        else:
+            self.stdout.write(self.table(report))
+        if not report.ok:
+            raise CommandError("a soak check failed")
+
+    def table(self, report) -> str:
+        lines = ["", f"Soak with the {report.broker} broker for {report.duration:.0f} s", ""]
+        lines += ["Faults that hit work in flight:"]
+        lines += [f"  {kind:<32}{n:>6}" for kind, n in report.faults.items()]
+        lines += ["", f"Runs by state:   {report.runs}", f"Chunks by state: {report.chunks}",
+                  f"Learner traffic: {report.traffic}", "", "Figures:"]
+        lines += [f"  {name:<44}{value}" for name, value in report.figures.items()
+                  if name != "final_runs"]
+        lines += ["", "Checks:"]
+        lines += [f"  [{'ok' if ok else 'FAILED'}] {name}" for name, ok in report.checks.items()]
+        if report.errors:
+            lines += ["", f"Injection errors ({len(report.errors)}):", *report.errors[:5]]
+        return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""A fault-injection soak: real clusters, live learner traffic, real faults, then checks."""

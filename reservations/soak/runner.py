@@ -1,0 +1,244 @@
+"""Run the soak: seed, start two clusters, drive traffic and faults, then check."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+
+from django.db import connections
+from django.db.models import Sum
+from django.test.utils import override_settings
+from django.utils import timezone
+from django_q.brokers import get_broker
+
+from cleanup import operations
+from cleanup.dispatch import dispatch, queue_shares_transaction
+from cleanup.models import Chunk, Run
+from cleanup.policies import get_policy, register
+from cleanup.reconcile import reconcile
+from cleanup.replay import replay
+from reservations import seeding
+from reservations.models import ReminderAttempt, SeatHold, Section, Tenant
+from reservations.policies import EXPIRE_HOLDS, PURGE_REMINDERS
+from reservations.soak import faults
+from reservations.soak.poison import POISON_CHANNEL, POISON_POLICY, register_poison_policy
+from reservations.soak.processes import Cluster
+from reservations.soak.traffic import Learners, TrafficLog
+
+SOAK_SETTINGS = "reservations.soak.settings"
+# What the soak's clusters run with (reservations/soak/settings.py).
+RETRY, TIMEOUT, MAX_UNFINISHED = 6, 4, 3
+
+
+@dataclass
+class SoakReport:
+    broker: str
+    duration: float
+    faults: dict
+    runs: dict
+    chunks: dict
+    traffic: dict
+    figures: dict
+    checks: dict = field(default_factory=dict)
+    errors: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(self.checks.values())
+
+
+def run_soak(*, duration: float, min_faults: int, seed: int, say) -> SoakReport:
+    """Soak the pipeline for ``duration`` seconds; return what happened and the checks."""
+    rng = random.Random(seed)
+    lease = RETRY + TIMEOUT
+    started_at = timezone.now()
+    broker = "orm" if queue_shares_transaction() else "redis"
+    with override_settings(Q_CLUSTER={"retry": RETRY, "timeout": TIMEOUT},
+                           CLEANUP_MAX_UNFINISHED_DELIVERIES=MAX_UNFINISHED):
+        seeded = _seed(duration)
+        register(replace(get_policy(EXPIRE_HOLDS), chunk_size=20))
+        register(replace(get_policy(PURGE_REMINDERS), chunk_size=50))
+        register_poison_policy()
+        say(f"Seeded {seeded['holds']} holds and {seeded['reminders']} reminder attempts; "
+            f"broker {broker}; soaking for {duration:.0f} s.")
+
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": SOAK_SETTINGS}
+        clusters = [Cluster("host-a", env), Cluster("host-b", env)]
+        try:
+            for cluster in clusters:
+                cluster.start()
+            injector, log, final, poison_run = _soak(clusters, duration, rng, seed, say,
+                                                     started_at)
+            _settle(Run.objects.filter(created_at__gte=started_at), lease)
+        finally:
+            for cluster in clusters:
+                cluster.stop()
+        connections.close_all()
+        return _report(broker, duration, started_at, seeded, log, injector, final,
+                       poison_run, min_faults, lease)
+
+
+def _soak(clusters, duration, rng, seed, say, started_at):
+    """Traffic, faults and dispatches for ``duration`` seconds, then the final runs."""
+    stop = threading.Event()
+    log = TrafficLog()
+    learners = [Learners(log, stop, seed + i) for i in range(3)]
+    injector = faults.Injector(clusters, stop, seed)
+    for thread in (*learners, injector):
+        thread.start()
+    poison_run = None
+    restarted = False
+    replayed: set = set()
+    deadline = time.monotonic() + duration
+    try:
+        while time.monotonic() < deadline:
+            # Like the scheduler, start a run only when the last one has finished;
+            # then deliver each finished run once more (every chunk twice).
+            if not Run.objects.filter(policy=EXPIRE_HOLDS, state=Run.State.RUNNING).exists():
+                dispatch(EXPIRE_HOLDS, scheme=rng.choice(["items", "items", "range"]))
+            _replay_finished(replayed, started_at)
+            if poison_run is None:
+                poison_run = dispatch(POISON_POLICY).run
+                injector.hits[faults.POISON] += 1
+            if not restarted and time.monotonic() > deadline - duration / 2:
+                injector.restart_a_cluster()
+                restarted = True
+            reconcile()
+            time.sleep(rng.uniform(1.0, 2.0))
+    finally:
+        stop.set()
+        for thread in (*learners, injector):
+            thread.join(30)
+    say("Traffic and faults stopped; final runs, every run delivered once more.")
+    final = [dispatch(EXPIRE_HOLDS).run, dispatch(PURGE_REMINDERS).run]
+    _settle(Run.objects.filter(pk__in=[r.pk for r in final]), RETRY + TIMEOUT)
+    _replay_finished(replayed, started_at)
+    return injector, log, final, poison_run
+
+
+def _replay_finished(replayed: set, since) -> None:
+    finished = Run.objects.filter(policy__in=[EXPIRE_HOLDS, PURGE_REMINDERS],
+                                  created_at__gte=since).exclude(
+        state__in=[Run.State.RUNNING, Run.State.CANCELLED]).exclude(pk__in=replayed)
+    for run in finished:
+        replay(run.pk)
+        replayed.add(run.pk)
+
+
+def _settle(runs, lease: float) -> None:
+    """Wait until the runs finish and the queue drains, as long as work progresses."""
+    broker = get_broker()
+    progress, still_since = None, time.monotonic()
+    while True:
+        queued = (broker.queue_size() or 0) + (broker.lock_size() or 0)
+        unfinished = Chunk.objects.filter(run__in=runs, state__in=Chunk.UNFINISHED).count()
+        if not queued and not runs.filter(state=Run.State.RUNNING).exists():
+            return
+        if (queued, unfinished) != progress:
+            progress, still_since = (queued, unfinished), time.monotonic()
+        elif time.monotonic() - still_since > 3 * lease + 10:
+            return
+        reconcile()
+        time.sleep(1)
+
+
+def _seed(duration: float) -> dict:
+    # Runs left running from before would add their work to the soak's figures.
+    operations.cancel(Run.objects.filter(state=Run.State.RUNNING).values_list("pk", flat=True),
+                      actor="soak")
+    for model in (SeatHold, ReminderAttempt, Section, Tenant):
+        model.objects.all().delete()
+    counts = seeding.seed(tenants=3, expired=600, active=0, confirmed=50, reminders=1500,
+                          random_seed=7, progress=lambda *a: None)
+    # Holds that expire while the soak runs, so every run finds fresh work.
+    now = timezone.now()
+    sections = list(Section.objects.all())
+    expiring = int(40 * duration)
+    SeatHold.objects.bulk_create(
+        SeatHold(tenant_id=s.tenant_id, section=s, learner_ref=f"expiring-{i}",
+                 expires_at=now + timedelta(seconds=duration * i / expiring))
+        for i, s in ((i, sections[i % len(sections)]) for i in range(expiring))
+    )
+    tenant = Tenant.objects.first()
+    ReminderAttempt.objects.create(tenant=tenant, hold_id=0, learner_ref="poison",
+                                   channel=POISON_CHANNEL, sent_at=now - timedelta(hours=1))
+    return {"holds": counts["expired"] + counts["confirmed"] + expiring,
+            "reminders": counts["reminders"]}
+
+
+def _report(broker, duration, started_at, seeded, log, injector, final, poison_run,
+            min_faults, lease) -> SoakReport:
+    now = timezone.now()
+    runs = Run.objects.filter(created_at__gte=started_at)
+    chunks = Chunk.objects.filter(run__in=runs)
+    ledger = dict(chunks.values_list("run__policy").annotate(n=Sum("rows_deleted")).order_by())
+    holds_now = SeatHold.objects.count()
+    holds_gone = seeded["holds"] + len(log.created) - len(log.released) - holds_now
+    reminders_gone = seeded["reminders"] + 1 - ReminderAttempt.objects.count()
+    kept = (log.renewed | log.confirmed) - log.released
+    lost = len(kept) - SeatHold.objects.filter(pk__in=kept).count()
+    completed = runs.filter(policy=EXPIRE_HOLDS).exclude(state=Run.State.RUNNING)
+    left_behind = sum(
+        SeatHold.objects.filter(status="held", expires_at__lte=run.cutoff).count()
+        for run in completed.filter(state=Run.State.COMPLETED).order_by("-cutoff")[:1]
+    )
+    window = timedelta(seconds=lease + RETRY)
+    overdue = chunks.filter(state__in=Chunk.UNFINISHED, planned_at__lt=now - window).count()
+    poison = Chunk.objects.filter(run=poison_run).first() if poison_run else None
+    once = chunks.exclude(run__policy=POISON_POLICY).filter(deliveries__lt=2).count()
+    hits = Counter({kind: injector.hits.get(kind, 0) for kind in faults.KINDS})
+    report = SoakReport(
+        broker=broker, duration=duration, faults=dict(hits),
+        runs=dict(Counter(runs.values_list("state", flat=True))),
+        chunks=dict(Counter(chunks.values_list("state", flat=True))),
+        traffic={"created": len(log.created), "renewed": len(log.renewed),
+                 "confirmed": len(log.confirmed), "released": len(log.released),
+                 "refused": log.refused},
+        figures={
+            "renewed_or_confirmed_then_deleted": lost,
+            "eligible_at_cutoff_left_after_completion": left_behind,
+            "holds_deleted_ledger": ledger.get(EXPIRE_HOLDS, 0),
+            "holds_actually_gone": holds_gone,
+            "reminders_deleted_ledger": ledger.get(PURGE_REMINDERS, 0),
+            "reminders_actually_gone": reminders_gone,
+            "chunks_not_terminal_in_time": overdue,
+            "runs_still_running": runs.filter(state=Run.State.RUNNING).count(),
+            "chunks_delivered_only_once": once,
+            "chunks_reconciled": chunks.aggregate(n=Sum("reconciles"))["n"] or 0,
+            "poison_chunk": {
+                "state": poison.state, "failure_class": poison.failure_class,
+                "deliveries": poison.deliveries, "run_id": str(poison.run_id),
+                "run_state": Run.objects.get(pk=poison.run_id).state,
+            } if poison else None,
+            "final_runs": [str(r.pk) for r in final],
+        },
+        errors=injector.errors,
+    )
+    figures = report.figures
+    report.checks = {
+        "no renewed or confirmed hold was deleted": lost == 0,
+        "no hold eligible at the last completed cutoff was left": left_behind == 0,
+        "ledger rows deleted match holds gone": figures["holds_deleted_ledger"] == holds_gone,
+        "ledger rows deleted match reminders gone":
+            figures["reminders_deleted_ledger"] == reminders_gone,
+        "every chunk terminal within lease plus retry": overdue == 0,
+        "every run reached a terminal state": figures["runs_still_running"] == 0,
+        "every chunk was delivered at least twice": once == 0,
+        "poison chunk dead-lettered after the limit, its run identified": bool(
+            poison and poison.state == Chunk.State.DEAD_LETTERED
+            and poison.failure_class == Chunk.FailureClass.POISON
+            and poison.deliveries >= MAX_UNFINISHED
+            and figures["poison_chunk"]["run_state"] == Run.State.COMPLETED_WITH_DEAD_LETTERS),
+        f"at least {min_faults} of each fault hit work in flight":
+            all(n >= min_faults for kind, n in hits.items()
+                if kind not in (faults.CLUSTER_RESTART, faults.POISON))
+            and hits[faults.CLUSTER_RESTART] >= 1 and hits[faults.POISON] == 1,
+    }
+    if broker == "redis":
+        report.checks["the reconciler re-sent lost messages"] = figures["chunks_reconciled"] >= 1
+    return report

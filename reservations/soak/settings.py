@@ -1,0 +1,10 @@
+"""Settings of the soak's qcluster processes: short leases, the poison policy."""
+
+from config.settings import *  # noqa: F403
+
+INSTALLED_APPS = [*INSTALLED_APPS, "reservations.soak"]  # noqa: F405
+# Short leases so redeliveries and rescues happen within a soak of a minute:
+# timeout 4 s (a chunk takes milliseconds), retry 6 s, lease 10 s.
+Q_CLUSTER = {**Q_CLUSTER, "timeout": 4, "retry": 6, "poll": 0.1, "workers": 2}  # noqa: F405
+CLEANUP_MAX_UNFINISHED_DELIVERIES = 3
+CLEANUP_LOCK_TIMEOUT_MS = 3000

@@ -1,0 +1,51 @@
+"""Short soaks in CI: two real clusters, live traffic, real faults, with each broker.
+
+transaction=True: the soak runs as a subprocess against the test database and its
+clusters must see what it commits. `manage.py cleanup_soak --duration 600` is the
+long form (README, Reliability).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import redis
+
+from tests.conftest import ROOT, subprocess_env
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.soak]
+
+
+def soak(**env: str) -> dict:
+    result = subprocess.run(
+        [sys.executable, "manage.py", "cleanup_soak", "--duration", "30", "--min-faults", "1",
+         "--json", "--noinput"],
+        cwd=ROOT, env=subprocess_env(**env), capture_output=True, text=True, timeout=420,
+    )
+    assert result.stdout, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    failed = [name for name, ok in report["checks"].items() if not ok]
+    assert failed == [], json.dumps(report, indent=2)
+    assert result.returncode == 0
+    return report
+
+
+def test_short_soak_with_the_orm_broker():
+    report = soak()
+    assert report["broker"] == "orm"
+    figures = report["figures"]
+    assert figures["renewed_or_confirmed_then_deleted"] == 0
+    assert figures["holds_deleted_ledger"] == figures["holds_actually_gone"] > 0
+    assert report["traffic"]["renewed"] > 0 and report["traffic"]["confirmed"] > 0
+
+
+def test_short_soak_with_the_redis_broker():
+    url = "redis://127.0.0.1:6379/14"
+    redis.from_url(url).flushdb()
+    report = soak(Q_BROKER="redis", REDIS_URL=url)
+    assert report["broker"] == "redis"
+    assert report["figures"]["chunks_reconciled"] >= 1
+    redis.from_url(url).flushdb()
