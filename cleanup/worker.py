@@ -7,17 +7,16 @@ import random
 import time
 import traceback
 from enum import StrEnum
-from functools import reduce
-from operator import or_
 
 import structlog
 from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.utils import timezone
 
 from cleanup import ledger, messages
 from cleanup.conf import conf
 from cleanup.exceptions import MalformedMessage, UnknownPolicy
+from cleanup.expressions import PairsIn
 from cleanup.messages import ChunkMessage
 from cleanup.models import Chunk
 from cleanup.policies import Policy, get_policy
@@ -74,9 +73,7 @@ def delete_statement(policy: Policy, message: ChunkMessage):
     """Return the queryset whose delete() is the chunk's single conditional DELETE."""
     rows = policy.eligible_rows(message.cutoff)
     if message.items is not None:
-        observed = policy.observed_field
-        match = reduce(or_, (Q(pk=pk, **{observed: value}) for pk, value in message.items))
-        return rows.filter(match)
+        return rows.filter(PairsIn("pk", policy.observed_field, message.items))
     return rows.filter(
         **{policy.partition_column: message.partition},
         pk__gte=message.start_id,

@@ -147,15 +147,7 @@ def test_lock_timeout_is_retried_inside_the_task(settings):
     settings.CLEANUP_TRANSIENT_BACKOFF = 0.05
     hold = SeatHoldFactory(expired=True)
     chunk = dispatch("expire-holds").run.chunks.get()
-    locked, release = threading.Event(), threading.Event()
-    blocker = Worker(hold_lock_while, hold.pk, locked, release,
-                     lambda pk: SeatHold.objects.select_for_update().get(pk=pk))
-    blocker.start()
-    assert locked.wait(10)
-
-    delivery = Worker(apply_chunk, chunk.message)
-    delivery.start()
-    wait_for(lambda: waiting_statements("DELETE") == 1, what="the DELETE to wait")
+    blocker, delivery, release = blocked_delivery(chunk, hold.pk)
     time.sleep(0.3)  # longer than the lock timeout: that attempt must fail
     release.set()
 
