@@ -18,7 +18,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.translation import ngettext
 
-from cleanup import operations
+from cleanup import operations, sizing
 from cleanup.conf import lease
 from cleanup.dispatch import dispatch
 from cleanup.exceptions import CleanupError
@@ -118,7 +118,8 @@ class RunAdmin(LedgerAdmin):
     search_fields = ("dispatch_key",)
     actions = ["replay_runs", "cancel_runs"]
     fields = ("id", "policy", "scheme", "state", "trigger", "replay_link", "dispatch_key",
-              "cutoff_exact", "candidates", "chunks_planned", "created_at", "finished_at")
+              "cutoff_exact", "candidates", "chunks_planned", "chunk_size", "created_at",
+              "finished_at")
     readonly_fields = fields
 
     def get_queryset(self, request):
@@ -279,7 +280,7 @@ class RunAdmin(LedgerAdmin):
         policy = get_policy(policy_name)
         scheme = check_scheme(scheme, policy)
         cutoff = frozen_cutoff(cutoff, not_before=not_before.cutoff if not_before else None)
-        counted = preview(policy, cutoff, scheme)
+        counted = preview(policy, cutoff, scheme, sizing.chunk_size(policy, scheme))
         return {"preview": counted, "preview_cutoff": cutoff.isoformat(),
                 "preview_scheme": scheme, "confirm_key": uuid.uuid4()}
 

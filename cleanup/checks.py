@@ -8,6 +8,7 @@ from django.db import DEFAULT_DB_ALIAS, router
 from django.db.models.deletion import Collector
 from django.utils import timezone
 
+from cleanup.conf import conf
 from cleanup.policies import all_policies
 
 
@@ -33,6 +34,20 @@ def check_queue_settings(app_configs=None, **kwargs):
                 hint="Runs, chunks and their messages commit in one transaction only on one "
                 "alias, and schedules on another alias fire on every scheduler pass.",
                 id="cleanup.E002",
+            )
+        )
+    low, items_high, range_high = (
+        conf.MIN_ROWS_PER_CHUNK, conf.MAX_ITEMS_PER_CHUNK, conf.MAX_RANGE_ROWS_PER_CHUNK
+    )
+    if conf.CHUNK_BUDGET_MS < 0 or not 1 <= low <= min(items_high, range_high):
+        errors.append(
+            checks.Error(
+                f"Chunk sizing is inconsistent: CLEANUP_CHUNK_BUDGET_MS={conf.CHUNK_BUDGET_MS}, "
+                f"CLEANUP_MIN_ROWS_PER_CHUNK={low}, CLEANUP_MAX_ITEMS_PER_CHUNK={items_high}, "
+                f"CLEANUP_MAX_RANGE_ROWS_PER_CHUNK={range_high}.",
+                hint="The budget must be 0 (off) or positive, and the floor at least 1 and "
+                "at most each ceiling.",
+                id="cleanup.E006",
             )
         )
     if q_cluster.get("catch_up", True):

@@ -32,6 +32,14 @@ DEFAULTS = {
     # policies; so are django-q2's saved task results after TASK_RESULT_RETENTION_DAYS.
     "LEDGER_RETENTION_DAYS": 30,
     "TASK_RESULT_RETENTION_DAYS": 7,
+    # Chunk size from a transaction-time budget: a new run's chunks hold as many rows
+    # as recent chunks of the policy and scheme deleted in this many milliseconds
+    # (0: always the policy's chunk_size). Bounded by the floor and the ceilings; an
+    # items chunk carries each of its rows in its message, hence its lower ceiling.
+    "CHUNK_BUDGET_MS": 50,
+    "MIN_ROWS_PER_CHUNK": 50,
+    "MAX_ITEMS_PER_CHUNK": 2_000,
+    "MAX_RANGE_ROWS_PER_CHUNK": 100_000,
 }
 
 

@@ -17,7 +17,7 @@ from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 from django_q.tasks import async_task
 
-from cleanup import messages
+from cleanup import messages, sizing
 from cleanup.cutoffs import frozen_cutoff
 from cleanup.models import Chunk, Run
 from cleanup.planning import PlannedChunk, plan
@@ -69,7 +69,7 @@ def dispatch(
     scheme = check_scheme(scheme, policy)
     cutoff = frozen_cutoff(cutoff, not_before=replay_of.cutoff if replay_of else None)
     if dry_run:
-        counted = preview(policy, cutoff, scheme)
+        counted = preview(policy, cutoff, scheme, sizing.chunk_size(policy, scheme))
         return DispatchResult(
             None, False, policy.name, scheme, cutoff, counted.rows, counted.chunks, dry_run=True
         )
@@ -88,6 +88,7 @@ def dispatch(
                 scheme=scheme,
                 trigger=trigger,
                 replay_of=replay_of,
+                chunk_size=sizing.chunk_size(policy, scheme),
             )
             run.candidates, run.chunks_planned = _plan_and_send(run, policy, sync=sync)
             if run.chunks_planned == 0:
@@ -106,6 +107,7 @@ def dispatch(
         trigger=str(trigger),
         candidates=run.candidates,
         chunks=run.chunks_planned,
+        chunk_size=run.chunk_size,
     )
     if sync:
         apply_in_process(run)
@@ -179,7 +181,8 @@ def _plan_and_send(run: Run, policy: Policy, *, sync: bool) -> tuple[int, int]:
     if not sync and not in_transaction:
         transaction.on_commit(lambda: send_planned(run.id))
 
-    for seq, planned in enumerate(plan(policy, run.cutoff, run.scheme), start=1):
+    planned_chunks = plan(policy, run.cutoff, run.scheme, run.chunk_size)
+    for seq, planned in enumerate(planned_chunks, start=1):
         batch.append(
             Chunk(
                 run=run,

@@ -9,9 +9,11 @@ class PairsIn(Expression):
     """``(a, b) IN (SELECT * FROM unnest(%s::type_a[], %s::type_b[]))``.
 
     The pairs travel as two array parameters, so the statement's text does not grow
-    with the chunk. It compares the row's own columns: PostgreSQL re-checks it against
-    a row version that a concurrent update produced, which a subquery over the table
-    itself would not.
+    with the chunk. Each array is sent as one PostgreSQL array literal: Django binds
+    parameters on the client, and psycopg's element-by-element array quoting took
+    longer than the DELETE itself on a 2,000-row chunk. It compares the row's own
+    columns: PostgreSQL re-checks it against a row version that a concurrent update
+    produced, which a subquery over the table itself would not.
     """
 
     output_field = BooleanField()
@@ -47,10 +49,22 @@ class PairsIn(Expression):
         types = [column.output_field.db_type(connection) for column in self.columns]
         # AutoFields report "bigserial"-like types only when created; compare as bigint.
         types = [t.replace("bigserial", "bigint").replace("serial", "integer") for t in types]
-        params.append([first for first, _ in self.pairs])
-        params.append([second for _, second in self.pairs])
+        params.append(array_literal(first for first, _ in self.pairs))
+        params.append(array_literal(second for _, second in self.pairs))
         return (
             f"({columns[0]}, {columns[1]}) IN "
             f"(SELECT * FROM unnest(%s::{types[0]}[], %s::{types[1]}[]))",
             params,
         )
+
+
+def array_literal(values) -> str:
+    """Render values as a PostgreSQL array literal, every element quoted and escaped."""
+    return "{" + ",".join(_element(value) for value in values) + "}"
+
+
+def _element(value) -> str:
+    if value is None:
+        return "NULL"
+    text = value.isoformat() if hasattr(value, "isoformat") else str(value)
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

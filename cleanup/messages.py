@@ -68,7 +68,7 @@ def _json_key(value: Any) -> Any:
 
 def identify(raw: Any) -> tuple[str | None, int | None]:
     """Best-effort run and chunk ids of a message, even a malformed one."""
-    data = _as_dict(raw)
+    data = as_dict(raw)
     if data is None:
         return None, None
     run_id = data.get("run_id")
@@ -89,7 +89,7 @@ def parse(raw: Any) -> ChunkMessage:
     def bad(reason: str) -> MalformedMessage:
         return MalformedMessage(reason, run_id=run_id, chunk_id=chunk_id)
 
-    data = _as_dict(raw)
+    data = as_dict(raw)
     if data is None:
         raise bad("message is not a JSON object")
     version = data.get("version")
@@ -127,7 +127,7 @@ def parse(raw: Any) -> ChunkMessage:
     raise bad("message has neither items nor a tenant_id/start_id/end_id range")
 
 
-def _as_dict(raw: Any) -> dict | None:
+def as_dict(raw: Any) -> dict | None:
     if isinstance(raw, (str, bytes)):
         try:
             raw = json.loads(raw)

@@ -38,6 +38,9 @@ class Run(models.Model):
     )
     candidates = models.PositiveIntegerField(default=0)
     chunks_planned = models.PositiveIntegerField(default=0)
+    chunk_size = models.PositiveIntegerField(
+        default=0, help_text="Rows per chunk chosen at dispatch (cleanup.sizing)."
+    )
     messages_sent = models.PositiveIntegerField(
         default=0, help_text="Chunk messages published: first sends and re-sends."
     )

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Max, Q
+from django.db.models import Count, F, Max, Q, Window
+from django.db.models.functions import Mod, RowNumber
 
 from cleanup.policies import ITEMS, Policy
 
@@ -25,13 +26,13 @@ class PlannedChunk:
     end_id: int | None = None
 
 
-def plan(policy: Policy, cutoff: datetime, scheme: str) -> Iterator[PlannedChunk]:
+def plan(policy: Policy, cutoff: datetime, scheme: str, size: int) -> Iterator[PlannedChunk]:
     if scheme == ITEMS:
-        return plan_items(policy, cutoff)
-    return plan_ranges(policy, cutoff)
+        return plan_items(policy, cutoff, size)
+    return plan_ranges(policy, cutoff, size)
 
 
-def plan_items(policy: Policy, cutoff: datetime) -> Iterator[PlannedChunk]:
+def plan_items(policy: Policy, cutoff: datetime, size: int) -> Iterator[PlannedChunk]:
     """Yield chunks of [pk, observed value] pairs, by keyset pagination.
 
     Pages follow (observed value, pk), the order of the index a policy should have on
@@ -51,41 +52,49 @@ def plan_items(policy: Policy, cutoff: datetime) -> Iterator[PlannedChunk]:
                 Q(**{f"{observed}__gt": last_observed}) | Q(pk__gt=last_pk),
                 **{f"{observed}__gte": last_observed},
             )
-        items = list(page[: policy.chunk_size])
+        items = list(page[:size])
         if not items:
             return
         yield PlannedChunk(rows=len(items), items=items)
-        if len(items) < policy.chunk_size:
+        if len(items) < size:
             return
         after = items[-1]
 
 
-def plan_ranges(policy: Policy, cutoff: datetime) -> Iterator[PlannedChunk]:
-    """Yield half-open pk ranges per partition, each holding chunk_size eligible rows.
+def plan_ranges(policy: Policy, cutoff: datetime, size: int) -> Iterator[PlannedChunk]:
+    """Yield half-open pk ranges per partition, each holding ``size`` eligible rows.
 
     A partition's ranges tile [its lowest eligible pk, its highest + 1) with no gap
-    and no overlap; no range is empty when planned.
+    and no overlap; no range is empty when planned. One streamed query numbers each
+    partition's eligible rows by pk and returns only every ``size``-th, so planning
+    reads the eligible rows once and holds one boundary at a time.
     """
     column = policy.partition_column
-    eligible = policy.eligible_rows(cutoff)
-    partitions = eligible.order_by(column).values_list(column, flat=True).distinct()
-    for partition in list(partitions):
-        rows = eligible.filter(**{column: partition}).order_by("pk")
-        start = rows.values_list("pk", flat=True).first()
-        while start is not None:
-            # The chunk's last row and the next chunk's first, found by the index.
-            ahead = list(
-                rows.filter(pk__gte=start).values_list("pk", flat=True)[
-                    policy.chunk_size - 1 : policy.chunk_size + 1
-                ]
-            )
-            if len(ahead) == 2:
-                yield PlannedChunk(policy.chunk_size, None, partition, start, ahead[1])
-                start = ahead[1]
-                continue
-            if ahead:
-                yield PlannedChunk(policy.chunk_size, None, partition, start, ahead[0] + 1)
-            else:
-                tail = rows.filter(pk__gte=start).aggregate(last=Max("pk"), count=Count("pk"))
-                yield PlannedChunk(tail["count"], None, partition, start, tail["last"] + 1)
-            start = None
+    per_partition = {"partition_by": [F(column)]}
+    starts = (
+        policy.eligible_rows(cutoff)
+        .annotate(
+            position=Window(RowNumber(), order_by=F("pk").asc(), **per_partition),
+            total=Window(Count("pk"), **per_partition),
+            last=Window(Max("pk"), **per_partition),
+        )
+        .alias(offset=Mod(F("position") - 1, size))
+        .filter(offset=0)
+        .order_by(column, "pk")
+        .values_list(column, "pk", "position", "total", "last")
+    )
+    previous = None
+    for current in starts.iterator(chunk_size=2000):
+        if previous is not None:
+            yield _range(previous, current, size)
+        previous = current
+    if previous is not None:
+        yield _range(previous, None, size)
+
+
+def _range(start: tuple, following: tuple | None, size: int) -> PlannedChunk:
+    partition, start_id, position, total, last = start
+    if following is not None and following[0] == partition:
+        return PlannedChunk(size, None, partition, start_id, following[1])
+    # The partition's last range: up to its highest eligible pk.
+    return PlannedChunk(total - position + 1, None, partition, start_id, last + 1)

@@ -21,7 +21,7 @@ class Preview:
         return sum(self.rows_by_partition.values())
 
 
-def preview(policy: Policy, cutoff: datetime, scheme: str) -> Preview:
+def preview(policy: Policy, cutoff: datetime, scheme: str, size: int) -> Preview:
     """Count eligible rows per partition (tenant) and the chunks planning would make.
 
     Both planners fill every chunk but the last (per partition, for ranges), so the
@@ -35,7 +35,6 @@ def preview(policy: Policy, cutoff: datetime, scheme: str) -> Preview:
         .order_by(column)
     )
     rows_by_partition = dict(counts)
-    size = policy.chunk_size
     if scheme == ITEMS:
         chunks = ceil(sum(rows_by_partition.values()) / size)
     else:

@@ -48,6 +48,7 @@ def run_summary(run: Run) -> dict:
         "cutoff": run.cutoff.isoformat(timespec="microseconds"),
         "candidates": run.candidates,
         "chunks_planned": run.chunks_planned,
+        "chunk_size": run.chunk_size,
         "chunks": by_state,
         **{name: value or 0 for name, value in totals.items()},
         "created_at": run.created_at.isoformat(),

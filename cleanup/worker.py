@@ -85,7 +85,12 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) ->
     started = time.monotonic()
     with transaction.atomic():
         _set_lock_timeout()
-        current = Chunk.objects.select_for_update().get(pk=chunk.pk)
+        # Not the message: the delivery's start already compared it with the ledger.
+        current = (
+            Chunk.objects.select_for_update()
+            .only("state", "planned_rows", "run_id")
+            .get(pk=chunk.pk)
+        )
         if current.state not in Chunk.UNFINISHED:
             Chunk.objects.filter(pk=chunk.pk).update(
                 deliveries_completed=F("deliveries_completed") + 1,
@@ -157,7 +162,7 @@ def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
         failure_class = Chunk.FailureClass.MALFORMED
         if chunk.run.policy != policy.name or chunk.run.cutoff != message.cutoff:
             reason = "message policy or cutoff does not match its run"
-        elif not _same_work(message, messages.parse(chunk.message)):
+        elif not _same_work(raw, message, chunk.message):
             reason = "message items or range differ from the chunk in the ledger"
         elif (
             chunk.state in Chunk.UNFINISHED
@@ -179,8 +184,15 @@ def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
     return chunk
 
 
-def _same_work(received: ChunkMessage, planned: ChunkMessage) -> bool:
-    """The ledger's copy is the authority on what a chunk covers."""
+def _same_work(raw, received: ChunkMessage, ledger_copy: dict) -> bool:
+    """The ledger's copy is the authority on what a chunk covers.
+
+    A message as sent equals its copy; only one that differs (an older version, a
+    forged one) is parsed again to compare what it covers.
+    """
+    if messages.as_dict(raw) == ledger_copy:
+        return True
+    planned = messages.parse(ledger_copy)
     return (received.items, received.partition, received.start_id, received.end_id) == (
         planned.items, planned.partition, planned.start_id, planned.end_id
     )

@@ -125,18 +125,26 @@ def _env_float(name: str, default: float) -> float:
 #   it must exceed timeout, or a slow task runs twice at once.
 # - catch_up off: after an outage one run covers the backlog, not one per missed slot.
 # - max_attempts 0: the chunk ledger, not django-q2, decides when to dead-letter.
+# - save_limit -1: successful results are not stored. The chunk ledger records every
+#   outcome; with a positive limit django-q2's monitor locks and loads all the kept
+#   successes (arguments included) on every result, which measured as the largest
+#   per-chunk cost of the pipeline (README, Performance). Failures are still stored.
+# - poll (0.2 s): how long an idle pusher sleeps before looking at the queue again;
+#   it is the delay before a new run's first chunk starts.
+# - bulk 1: a pusher takes one message at a time, so the other cluster's workers get
+#   the rest.
 Q_CLUSTER = {
     "name": os.environ.get("Q_CLUSTER_QUEUE", "cleanup"),
     "orm": "default",
     "workers": int(_env_float("Q_WORKERS", 2)),
     "timeout": int(_env_float("Q_TIMEOUT", 120)),
     "retry": int(_env_float("Q_RETRY", 180)),
-    "poll": _env_float("Q_POLL", 0.5),
-    "bulk": 1,
+    "poll": _env_float("Q_POLL", 0.2),
+    "bulk": int(_env_float("Q_BULK", 1)),
     "catch_up": False,
     "max_attempts": 0,
     "ack_failures": False,
-    "save_limit": 250,
+    "save_limit": int(_env_float("Q_SAVE_LIMIT", -1)),
     "label": "Task queue",
 }
 if os.environ.get("Q_BROKER", "orm") == "redis":

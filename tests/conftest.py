@@ -18,8 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
-def _fast_retries(settings):
+def _fast_retries_and_fixed_chunk_sizes(settings):
     settings.CLEANUP_TRANSIENT_BACKOFF = 0.01
+    # Chunks hold the policy's chunk_size; tests/test_sizing.py turns learning on.
+    settings.CLEANUP_CHUNK_BUDGET_MS = 0
 
 
 @pytest.fixture

@@ -30,6 +30,17 @@ def test_e002_queue_must_share_the_models_alias(settings):
     assert ids(check_queue_settings()) == ["cleanup.E002"]
 
 
+@pytest.mark.parametrize("bad", [
+    {"CLEANUP_CHUNK_BUDGET_MS": -1},
+    {"CLEANUP_MIN_ROWS_PER_CHUNK": 0},
+    {"CLEANUP_MIN_ROWS_PER_CHUNK": 3_000, "CLEANUP_MAX_ITEMS_PER_CHUNK": 2_000},
+])
+def test_e006_chunk_sizing_bounds_must_be_consistent(settings, bad):
+    for name, value in bad.items():
+        setattr(settings, name, value)
+    assert ids(check_queue_settings()) == ["cleanup.E006"]
+
+
 def test_w001_catch_up_should_be_off(settings):
     settings.Q_CLUSTER = {**settings.Q_CLUSTER, "catch_up": True}
     assert ids(check_queue_settings()) == ["cleanup.W001"]

@@ -23,9 +23,7 @@ pytestmark = pytest.mark.django_db
     size=st.integers(1, 7),
 )
 def test_adjacent_ranges_tile_the_id_span(rows, size):
-    from dataclasses import replace
-
-    policy = replace(get_policy("purge-reminder-attempts"), chunk_size=size)
+    policy = get_policy("purge-reminder-attempts")
     now = timezone.now()
     ReminderAttempt.objects.all().delete()
     tenants = [Tenant.objects.get_or_create(name=f"T{i}")[0] for i in range(3)]
@@ -38,7 +36,7 @@ def test_adjacent_ranges_tile_the_id_span(rows, size):
     for attempt in policy.eligible_rows(now):
         eligible.setdefault(attempt.tenant_id, []).append(attempt.pk)
 
-    chunks = list(plan_ranges(policy, now))
+    chunks = list(plan_ranges(policy, now, size))
 
     by_tenant = {}
     for chunk in chunks:

@@ -59,7 +59,8 @@ def run_soak(*, duration: float, min_faults: int, seed: int, say) -> SoakReport:
     started_at = timezone.now()
     broker = "orm" if queue_shares_transaction() else "redis"
     with override_settings(Q_CLUSTER={"retry": RETRY, "timeout": TIMEOUT},
-                           CLEANUP_MAX_UNFINISHED_DELIVERIES=MAX_UNFINISHED):
+                           CLEANUP_MAX_UNFINISHED_DELIVERIES=MAX_UNFINISHED,
+                           CLEANUP_CHUNK_BUDGET_MS=0):
         seeded = _seed(duration)
         register(replace(get_policy(EXPIRE_HOLDS), chunk_size=20))
         register(replace(get_policy(PURGE_REMINDERS), chunk_size=50))

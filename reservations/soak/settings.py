@@ -8,3 +8,5 @@ INSTALLED_APPS = [*INSTALLED_APPS, "reservations.soak"]  # noqa: F405
 Q_CLUSTER = {**Q_CLUSTER, "timeout": 4, "retry": 6, "poll": 0.1, "workers": 2}  # noqa: F405
 CLEANUP_MAX_UNFINISHED_DELIVERIES = 3
 CLEANUP_LOCK_TIMEOUT_MS = 3000
+# The soak wants many small chunks in flight: no learning of bigger ones.
+CLEANUP_CHUNK_BUDGET_MS = 0

@@ -1,3 +1,5 @@
+import time
+
 from cleanup.cutoffs import parse_cutoff
 from cleanup.dispatch import dispatch
 from cleanup.management.base import CleanupCommand
@@ -22,6 +24,7 @@ class Command(CleanupCommand):
                             help="Count what would be planned; write nothing.")
 
     def run(self, *, policy, scheme, cutoff, key, sync, dry_run, **options) -> dict:
+        started = time.monotonic()
         result = dispatch(
             policy,
             scheme=scheme,
@@ -41,6 +44,7 @@ class Command(CleanupCommand):
             "candidates": result.candidates,
             "chunks": result.chunks,
             "state": result.run.state if result.run else None,
+            "seconds": round(time.monotonic() - started, 3),
         }
 
     def describe(self, result: dict, verbosity: int) -> str:
@@ -51,4 +55,4 @@ class Command(CleanupCommand):
         verb = "Dispatched" if result["created"] else "Already dispatched:"
         return (f"{verb} run {result['run_id']} of {result['policy']}: {result['chunks']} "
                 f"chunks ({result['scheme']}) for {result['candidates']} rows eligible at "
-                f"{result['cutoff']}; state {result['state']}.")
+                f"{result['cutoff']}; state {result['state']}; took {result['seconds']:.1f} s.")

@@ -1,0 +1,208 @@
+"""The ways of expiring the same holds that the benchmark puts side by side."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from django.db import connection, transaction
+from django.db.models import Max
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from django_q.brokers import get_broker
+from django_q.models import Task
+from django_q.tasks import async_task
+
+from cleanup.expressions import array_literal
+from cleanup.models import Chunk, Run
+from cleanup.policies import ITEMS, RANGE, Policy
+from reservations.bench.probes import percentile
+from reservations.models import SeatHold
+
+MANAGE = Path(__file__).resolve().parents[2] / "manage.py"
+SETTLED = (Chunk.State.ACKNOWLEDGED, Chunk.State.DEAD_LETTERED)
+
+
+@dataclass
+class Result:
+    name: str
+    label: str
+    rows: int
+    seconds: float
+    extrapolated: bool = False
+    chunks: int | None = None
+    chunk_size: int | None = None
+    chunk_p99_ms: float | None = None
+    chunk_max_ms: float | None = None
+    dispatch_seconds: float | None = None
+    dispatcher_rss_mb: float | None = None
+    dispatch_ms_per_chunk: float | None = None
+    delete_statements: int | None = None
+    renewals: dict = field(default_factory=dict)
+    checks: dict = field(default_factory=dict)
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds else 0.0
+
+
+def single_delete(policy: Policy, timeout: float) -> Result:
+    """One set-based DELETE of everything eligible: the physical limit, one transaction."""
+    cutoff = timezone.now()
+    with CaptureQueriesContext(connection) as captured:
+        started = time.perf_counter()
+        with transaction.atomic():
+            deleted, _ = policy.eligible_rows(cutoff).delete()
+        seconds = time.perf_counter() - started
+    sent = [q["sql"] for q in captured.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
+    statements = sum(sql.startswith("DELETE") for sql in sent)
+    return Result("single_delete", "One DELETE", deleted, seconds, chunks=1,
+                  chunk_p99_ms=seconds * 1000, chunk_max_ms=seconds * 1000,
+                  delete_statements=statements,
+                  checks={"one DELETE statement": statements == len(sent) == 1})
+
+
+def pipeline(scheme: str, label: str):
+    def contender(policy: Policy, timeout: float) -> Result:
+        dispatched, rss_mb = _dispatch_in_subprocess(policy, scheme)
+        run = Run.objects.get(pk=dispatched["run_id"])
+        chunks = run.chunks.all()
+        _wait(lambda: not chunks.exclude(state__in=SETTLED).exists(), timeout,
+              f"run {run.pk} to be acknowledged")
+        durations = sorted(chunks.values_list("duration_ms", flat=True))
+        ledger = chunks.aggregate(last_ack=Max("acknowledged_at"), size=Max("planned_rows"))
+        rows = sum(chunks.values_list("rows_deleted", flat=True))
+        seconds = (ledger["last_ack"] - run.created_at).total_seconds()
+        return Result(
+            f"pipeline_{scheme}", label, rows, seconds,
+            chunks=len(durations), chunk_size=ledger["size"],
+            chunk_p99_ms=percentile(durations, 99), chunk_max_ms=durations[-1],
+            dispatch_seconds=dispatched["seconds"], dispatcher_rss_mb=rss_mb,
+            dispatch_ms_per_chunk=round(1000 * dispatched["seconds"] / len(durations), 3),
+            checks={"every chunk acknowledged":
+                    not chunks.exclude(state=Chunk.State.ACKNOWLEDGED).exists()},
+        )
+
+    return contender
+
+
+def handwritten_unnest(policy: Policy, timeout: float) -> Result:
+    """The best hand-written SQL for the items predicate: keyset pages of (id, expiry),
+    each deleted by one ``DELETE ... USING unnest(ids, expiries)`` in its own transaction.
+
+    Pages are as large as the chunks of the latest items run, for a like-for-like ratio,
+    and the arrays travel as literals as the pipeline's do (see PairsIn).
+    """
+    cutoff = timezone.now()
+    size = Run.objects.filter(policy=policy.name, scheme=ITEMS).latest("created_at").chunk_size
+    page_sql = (
+        f'SELECT id, expires_at FROM "{SeatHold._meta.db_table}" WHERE status = \'held\' '
+        "AND expires_at <= %s AND (expires_at, id) > (%s, %s) ORDER BY expires_at, id LIMIT %s"
+    )
+    delete_sql = (
+        f'DELETE FROM "{SeatHold._meta.db_table}" AS h '
+        "USING unnest(%s::bigint[], %s::timestamptz[]) "
+        "AS planned(id, expires_at) WHERE h.id = planned.id "
+        "AND h.expires_at = planned.expires_at AND h.status = 'held' AND h.expires_at <= %s"
+    )
+    after = (datetime(1, 1, 1, tzinfo=UTC), 0)
+    deleted, durations = 0, []
+    started = time.perf_counter()
+    with connection.cursor() as cursor:
+        while True:
+            cursor.execute(page_sql, [cutoff, *after, size])
+            page = cursor.fetchall()
+            if not page:
+                break
+            begun = time.perf_counter()
+            with transaction.atomic():
+                cursor.execute(delete_sql, [array_literal(pk for pk, _ in page),
+                                            array_literal(e for _, e in page), cutoff])
+                deleted += cursor.rowcount
+            durations.append((time.perf_counter() - begun) * 1000)
+            after = (page[-1][1], page[-1][0])
+    seconds = time.perf_counter() - started
+    durations.sort()
+    return Result("handwritten_unnest", "Hand-written DELETE ... USING unnest", deleted,
+                  seconds, chunks=len(durations), chunk_size=size,
+                  chunk_p99_ms=round(percentile(durations, 99), 1),
+                  chunk_max_ms=round(durations[-1], 1))
+
+
+def one_task_per_row(sample: int):
+    def contender(policy: Policy, timeout: float) -> Result:
+        cutoff = timezone.now()
+        rows = list(policy.eligible_rows(cutoff).order_by("?").values_list(
+            "pk", policy.observed_field)[:sample])
+        ids = [pk for pk, _ in rows]
+        started = time.perf_counter()
+        with transaction.atomic():
+            for pk, observed in rows:
+                async_task("reservations.bench.tasks.expire_one", pk, observed.isoformat(),
+                           cutoff.isoformat(), group="bench-one-task-per-row")
+        # Holds a learner renewed meanwhile are no longer eligible, and stay.
+        left = policy.eligible_rows(cutoff).filter(pk__in=ids)
+        _wait(lambda: not left.exists(), timeout, "the per-row tasks")
+        seconds = time.perf_counter() - started
+        _wait(lambda: get_broker().queue_size() == 0, timeout, "the queue to drain")
+        deleted = len(ids) - SeatHold.objects.filter(pk__in=ids).count()
+        return Result("one_task_per_row", "One task per row (extrapolated)", deleted,
+                      seconds, extrapolated=True, chunks=len(rows), chunk_size=1)
+
+    return contender
+
+
+def cluster_ready(timeout: float) -> None:
+    """Return once the cluster has run a task."""
+    # Saved even though successes are not (save_limit -1), so its arrival shows.
+    task_id = async_task("reservations.bench.tasks.ready", q_options={"save": True})
+    _wait(lambda: Task.objects.filter(id=task_id).exists(), timeout, "the qcluster to start")
+
+
+def _dispatch_in_subprocess(policy: Policy, scheme: str) -> tuple[dict, float]:
+    """Dispatch as its own process; return its JSON and its peak RSS in MB."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen(
+            [sys.executable, str(MANAGE), "cleanup_dispatch", "--policy", policy.name,
+             "--scheme", scheme, "--json"],
+            stdout=out, stderr=err, env=os.environ.copy(), text=True,
+        )
+        # wait4, not wait: it returns the rusage of this one child.
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        output, errors = out.read(), err.read()
+    if process.returncode != 0:
+        raise RuntimeError(f"cleanup_dispatch failed: {errors[-2000:]}")
+    # ru_maxrss is in kilobytes on Linux.
+    return json.loads(output.strip().splitlines()[-1]), round(usage.ru_maxrss / 1024, 1)
+
+
+def _wait(done, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def contenders(per_row_sample: int) -> dict:
+    """The contenders in the order they run. Each pipeline scheme runs twice: first with
+    its starting chunk size (nothing learned yet), then with the size learned from it."""
+    return {
+        "single_delete": single_delete,
+        "pipeline_range_first": pipeline(RANGE, "Pipeline, range, first run"),
+        "pipeline_range": pipeline(RANGE, "Pipeline, range (learned size)"),
+        "pipeline_items_first": pipeline(ITEMS, "Pipeline, items, first run"),
+        "pipeline_items": pipeline(ITEMS, "Pipeline, items (learned size)"),
+        "handwritten_unnest": handwritten_unnest,
+        "one_task_per_row": one_task_per_row(per_row_sample),
+    }

@@ -1,0 +1,138 @@
+"""The benchmark's table, JSON and chart, and the regression guard on the range ratio."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+BASELINE = Path(__file__).with_name("baseline.json")
+COLOURS = {"single_delete": "#555555", "handwritten_unnest": "#999999",
+           "one_task_per_row": "#d08030", "pipeline_range_first": "#9cc3e0",
+           "pipeline_items_first": "#9cc3e0"}
+
+
+def table(report: dict) -> str:
+    preset, idle = report["preset"], report["idle_renewals"]
+    lines = [
+        f"{preset['expired']:,} expired among {preset['total']:,} holds; "
+        f"{report['machine']['cpus']} CPUs, PostgreSQL {report['machine']['postgresql']}, "
+        f"{report['machine']['broker']} broker, chunk budget "
+        f"{report['machine']['chunk_budget_ms']} ms",
+        "",
+        f"{'contender':<34}{'rows':>10}{'wall s':>9}{'rows/s':>10}{'x DELETE':>9}"
+        f"{'size':>8}{'chunk p99':>10}{'max ms':>9}{'RSS MB':>8}  {'renewal p50/p99 ms':>34}",
+        f"{'':<107}{'untouched':>15}{'being cleaned':>20}",
+    ]
+    for row in report["results"]:
+        wall = row["extrapolated_seconds"] if row["extrapolated"] else row["seconds"]
+        lines.append(
+            f"{row['label']:<34}{_n(row['rows'])}{wall:>9.2f}{row['rows_per_second']:>10,}"
+            f"{row['ratio_to_single_delete']:>9.3f}{_n(row['chunk_size'], 8)}"
+            f"{_ms(row['chunk_p99_ms'])}"
+            f"{_ms(row['chunk_max_ms'], 9)}{_ms(row['dispatcher_rss_mb'], 8)}  "
+            f"{_pair(row['renewals']['untouched']):>15}"
+            f"{_pair(row['renewals']['cleaned']):>20}"
+        )
+    lines += [
+        f"{'idle (nothing cleaning)':<107}{_pair(idle['untouched']):>15}"
+        f"{_pair(idle['cleaned']):>20}",
+        "",
+        "Wall time of the one-task-per-row row is extrapolated from its sample of "
+        f"{preset['per_row_sample']:,} rows.",
+        f"Range pipeline / single DELETE: {report['ratios']['range_to_single_delete']:.3f}; "
+        "items pipeline / hand-written unnest: "
+        f"{report['ratios']['items_to_handwritten_unnest']:.3f}",
+    ]
+    for row in report["results"]:
+        failed = [name for name, ok in row["checks"].items() if ok is False]
+        if failed:
+            lines.append(f"FAILED checks for {row['label']}: {', '.join(failed)}")
+    return "\n".join(lines)
+
+
+def write_json(report: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+
+
+def draw(report: dict, path: Path) -> None:
+    """Throughput and renewal latency per contender, side by side, on log scales."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    rows = report["results"]
+    labels = [row["label"].replace(" (", "\n(").replace(", ", ",\n") for row in rows]
+    figure, (throughput, latency) = pyplot.subplots(1, 2, figsize=(14, 5.5))
+    bars = throughput.bar(labels, [row["rows_per_second"] for row in rows],
+                          color=[COLOURS.get(row["name"], "#2a7ab0") for row in rows])
+    throughput.bar_label(bars, labels=[f"{row['ratio_to_single_delete']:.2f}x" for row in rows])
+    throughput.set_yscale("log")
+    throughput.set_ylabel("rows deleted per second (log)")
+    throughput.set_title("Throughput (label: ratio to one DELETE)")
+
+    groups = [*labels, "idle"]
+    renewals = [row["renewals"] for row in rows] + [report["idle_renewals"]]
+    width = 0.38
+    for offset, kind, colour, legend in (
+        (-width / 2, "untouched", "#2a9d5a", "p99, holds not being cleaned"),
+        (width / 2, "cleaned", "#c0392b", "p99, holds being cleaned"),
+    ):
+        latency.bar([i + offset for i in range(len(groups))],
+                    [r[kind]["p99_ms"] or 0 for r in renewals], width, label=legend,
+                    color=colour)
+    latency.set_xticks(range(len(groups)), groups)
+    latency.set_yscale("log")
+    latency.set_ylabel("renewal latency p99, ms (log)")
+    latency.set_title("Concurrent hold renewals")
+    latency.legend()
+    for axes in (throughput, latency):
+        axes.tick_params(axis="x", labelsize=7)
+    preset = report["preset"]
+    figure.suptitle(f"cleanup_bench {preset['name']}: {preset['expired']:,} expired among "
+                    f"{preset['total']:,} holds, {report['machine']['cpus']} CPUs")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    pyplot.close(figure)
+
+
+def check_baseline(report: dict) -> tuple[bool, str]:
+    """Fail only when the range ratio falls below half of the preset's recorded one."""
+    name = report["preset"]["name"]
+    baselines = json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
+    recorded = baselines.get(name)
+    if recorded is None:
+        return False, f"no baseline recorded for preset {name!r} in {BASELINE.name}"
+    floor = recorded["range_to_single_delete"] / 2
+    measured = report["ratios"]["range_to_single_delete"]
+    verdict = "ok" if measured >= floor else "REGRESSION"
+    return measured >= floor, (
+        f"Regression guard: range ratio {measured:.3f}, floor {floor:.3f} (half of "
+        f"{recorded['range_to_single_delete']:.3f} recorded {recorded['recorded']}): {verdict}"
+    )
+
+
+def record_baseline(report: dict) -> None:
+    baselines = json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
+    baselines[report["preset"]["name"]] = {
+        "range_to_single_delete": report["ratios"]["range_to_single_delete"],
+        "recorded": report["finished_at"][:10],
+        "cpus": report["machine"]["cpus"],
+    }
+    BASELINE.write_text(json.dumps(baselines, indent=2, sort_keys=True) + "\n")
+
+
+def _n(value, width: int = 10) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width},}"
+
+
+def _ms(value, width: int = 10) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width},.1f}"
+
+
+def _pair(summary: dict) -> str:
+    if not summary["n"]:
+        return "-"
+    return f"{summary['p50_ms']:.1f}/{summary['p99_ms']:.1f}"

@@ -1,0 +1,159 @@
+"""Run the contenders one after another on the same restored data, with renewals racing."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+from django_q.brokers import get_broker
+from django_q.models import Schedule
+
+from cleanup.conf import conf
+from cleanup.models import Chunk, Run
+from cleanup.policies import get_policy
+from reservations.bench import data
+from reservations.bench.contenders import Result, cluster_ready, contenders
+from reservations.bench.probes import CLEANED, UNTOUCHED, RenewalProbe, sample_ids, summary
+from reservations.models import SeatHold
+from reservations.policies import EXPIRE_HOLDS
+from reservations.soak.processes import Cluster
+
+# Holds each renewal probe draws from.
+PROBE_SAMPLE = 5_000
+
+
+class BenchRefused(Exception):
+    """The database is not one the benchmark may use; nothing was changed."""
+
+
+def run_bench(preset: data.Preset, *, timeout: float, say: Callable[[str], None]) -> dict:
+    """Seed the preset, run every contender on a fresh copy of it, and return the report."""
+    _refuse_scheduled_cleanup()
+    policy = get_policy(EXPIRE_HOLDS)
+    _forget(policy)
+    say(f"Seeding {preset.expired:,} expired among {preset.total:,} holds...")
+    seeded_at = data.seed_template(preset, progress=lambda *args: None)
+    idle = _idle_renewals(preset.idle_seconds)
+    say(f"Idle renewals: p99 {idle[UNTOUCHED]['p99_ms']} ms (untouched), "
+        f"{idle[CLEANED]['p99_ms']} ms (expired).")
+
+    cluster = Cluster("bench", os.environ.copy())
+    results: list[Result] = []
+    cluster.start()
+    try:
+        cluster_ready(timeout)
+        for name, contender in contenders(preset.per_row_sample).items():
+            checkpointed = data.restore(seeded_at)
+            say(f"{name}: running...")
+            result = _measure(contender, policy, timeout)
+            result.name = name
+            result.checks["checkpoint before the run"] = checkpointed or None
+            results.append(result)
+            say(f"{name}: {result.rows:,} rows in {result.seconds:.2f} s "
+                f"({result.rows_per_second:,.0f} rows/s)")
+    finally:
+        cluster.stop()
+        data.drop_template()
+    return _report(preset, policy, idle, results)
+
+
+def _measure(contender, policy, timeout: float) -> Result:
+    """Run one contender with both renewal probes racing it, then check what it left."""
+    started_at = timezone.now()
+    before = SeatHold.objects.count()
+    probes = [RenewalProbe(CLEANED, sample_ids(expired=True, size=PROBE_SAMPLE, seed=1), 1),
+              RenewalProbe(UNTOUCHED, sample_ids(expired=False, size=PROBE_SAMPLE, seed=2), 2)]
+    for probe in probes:
+        probe.start()
+    try:
+        result = contender(policy, timeout)
+    finally:
+        for probe in probes:
+            probe.stop()
+    for probe in probes:
+        if probe.error is not None:
+            raise probe.error
+        result.renewals[probe.kind] = summary(probe.latencies)
+    renewed = set().union(*(probe.renewed for probe in probes))
+    result.checks["renewed holds all survived"] = (
+        SeatHold.objects.filter(pk__in=renewed).count() == len(renewed)
+    )
+    result.checks["rows gone match rows reported"] = (
+        before - SeatHold.objects.count() == result.rows
+    )
+    if not result.extrapolated:
+        result.checks["no hold expired at the start is left"] = not policy.eligible_rows(
+            started_at).exists()
+    return result
+
+
+def _forget(policy) -> None:
+    """Start from an empty queue and no runs of the policy: the first runs learn from
+    nothing."""
+    get_broker().purge_queue()
+    Chunk.objects.filter(run__policy=policy.name).delete()
+    Run.objects.filter(policy=policy.name).delete()
+
+
+def _idle_renewals(seconds: float) -> dict:
+    probes = [RenewalProbe(CLEANED, sample_ids(expired=True, size=PROBE_SAMPLE, seed=1), 1),
+              RenewalProbe(UNTOUCHED, sample_ids(expired=False, size=PROBE_SAMPLE, seed=2), 2)]
+    for probe in probes:
+        probe.start()
+    time.sleep(seconds)
+    for probe in probes:
+        probe.stop()
+    return {probe.kind: summary(probe.latencies) for probe in probes}
+
+
+def _refuse_scheduled_cleanup() -> None:
+    scheduled = list(Schedule.objects.filter(func__startswith="cleanup.").values_list(
+        "name", flat=True))
+    if scheduled:
+        raise BenchRefused(
+            f"this database has cleanup schedules installed ({', '.join(scheduled)}); their "
+            "runs would race the benchmark. Point DATABASE_URL at a database of its own."
+        )
+
+
+def _report(preset, policy, idle: dict, results: list[Result]) -> dict:
+    by_name = {result.name: result for result in results}
+    limit = by_name["single_delete"].rows_per_second
+    reference = by_name["handwritten_unnest"].rows_per_second
+    rows = []
+    for result in results:
+        row = asdict(result) | {"rows_per_second": round(result.rows_per_second)}
+        row["ratio_to_single_delete"] = round(result.rows_per_second / limit, 4)
+        if result.extrapolated:
+            row["extrapolated_seconds"] = round(preset.expired / result.rows_per_second, 1)
+        rows.append(row)
+    q_cluster = settings.Q_CLUSTER
+    return {
+        "preset": asdict(preset),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "postgresql": connection.cursor().connection.info.server_version,
+            "broker": "orm" if "orm" in q_cluster else "redis",
+            "q_cluster": {key: q_cluster.get(key) for key in ("workers", "poll", "bulk",
+                                                              "save_limit", "retry")},
+            "starting_chunk_size": policy.chunk_size,
+            "chunk_budget_ms": conf.CHUNK_BUDGET_MS,
+        },
+        "idle_renewals": idle,
+        "results": rows,
+        "ratios": {
+            "range_to_single_delete": round(by_name["pipeline_range"].rows_per_second / limit,
+                                            4),
+            "items_to_handwritten_unnest":
+                round(by_name["pipeline_items"].rows_per_second / reference, 4),
+        },
+        "checks_passed": all(ok is not False for r in results for ok in r.checks.values()),
+        "finished_at": timezone.now().isoformat(timespec="seconds"),
+    }

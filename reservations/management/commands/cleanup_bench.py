@@ -1,0 +1,66 @@
+import json
+import signal
+import sys
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from reservations.bench import report as reporting
+from reservations.bench.data import PRESETS
+from reservations.bench.runner import BenchRefused, run_bench
+
+
+class Command(BaseCommand):
+    help = (
+        "Benchmark the cleanup pipeline (range and items schemes, real qcluster) against "
+        "one set-based DELETE, hand-written DELETE ... USING unnest, and one task per row, "
+        "on the same seeded holds, with renewals racing each. Deletes every tenant, "
+        "section, hold and reminder attempt first."
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--preset", choices=sorted(PRESETS), default="small",
+                            help="small: 100,000 expired among 200,000 holds (CI); "
+                                 "large: 1,000,000 among 2,000,000 (README).")
+        parser.add_argument("--output-dir", default="artifacts/bench",
+                            help="Where bench-<preset>.json and .png go.")
+        parser.add_argument("--timeout", type=float, default=1800,
+                            help="Seconds to wait for any one contender.")
+        parser.add_argument("--check-baseline", action="store_true",
+                            help="Fail if the range ratio is below half of the recorded one.")
+        parser.add_argument("--record-baseline", action="store_true",
+                            help="Record this run's range ratio as the preset's baseline.")
+        parser.add_argument("--noinput", "--no-input", action="store_false",
+                            dest="interactive")
+        parser.add_argument("--json", action="store_true",
+                            help="Print the report as one JSON line instead of the table.")
+
+    def handle(self, *args, preset, output_dir, timeout, interactive, **options):
+        if timeout <= 0:
+            raise CommandError("--timeout must be positive")
+        if interactive:
+            answer = input("The benchmark deletes all reservation data first. Type 'yes': ")
+            if answer != "yes":
+                raise CommandError("Cancelled; nothing changed.")
+        say = (lambda line: None) if options["json"] else self.stdout.write
+        # Stopped from outside, still stop the qcluster on the way out.
+        signal.signal(signal.SIGTERM, lambda *args: sys.exit("bench stopped by SIGTERM"))
+        try:
+            report = run_bench(PRESETS[preset], timeout=timeout, say=say)
+        except BenchRefused as exc:
+            raise CommandError(str(exc)) from exc
+        output = Path(output_dir)
+        reporting.write_json(report, output / f"bench-{preset}.json")
+        reporting.draw(report, output / f"bench-{preset}.png")
+        guard_ok, guard = reporting.check_baseline(report)
+        if options["json"]:
+            self.stdout.write(json.dumps(report | {"guard": guard}, default=str))
+        else:
+            self.stdout.write(reporting.table(report))
+            self.stdout.write(f"\n{guard}\nWrote {output}/bench-{preset}.json and .png")
+        if options["record_baseline"]:
+            reporting.record_baseline(report)
+        if not report["checks_passed"]:
+            raise CommandError("a correctness check failed (see the report)")
+        if options["check_baseline"] and not guard_ok:
+            raise CommandError(guard)

@@ -1,0 +1,81 @@
+"""cleanup_bench: the small preset end to end, and its refusals.
+
+transaction=True: the benchmark runs as a subprocess against the test database, with
+its own qcluster, and both must see what the other commits.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from django.core.management import CommandError, call_command
+from django_q.models import Schedule
+
+from reservations.bench.data import PRESETS
+from reservations.bench.report import BASELINE
+from reservations.models import SeatHold
+from tests.conftest import ROOT, subprocess_env
+from tests.factories import SeatHoldFactory
+
+CONTENDERS = ["single_delete", "pipeline_range_first", "pipeline_range",
+              "pipeline_items_first", "pipeline_items", "handwritten_unnest",
+              "one_task_per_row"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.bench
+def test_small_preset_is_correct_and_keeps_the_range_ratio(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "manage.py", "cleanup_bench", "--preset", "small", "--noinput",
+         "--json", "--check-baseline", "--output-dir", str(tmp_path)],
+        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=900,
+    )
+    assert result.stdout, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert result.returncode == 0, (report["guard"], result.stderr[-3000:])
+
+    results = {row["name"]: row for row in report["results"]}
+    assert list(results) == CONTENDERS
+    failed = {name: [c for c, ok in row["checks"].items() if ok is False]
+              for name, row in results.items()}
+    assert all(not checks for checks in failed.values()), failed
+    assert results["single_delete"]["delete_statements"] == 1
+    expired = PRESETS["small"].expired
+    for name in CONTENDERS[:-1]:
+        # Learners renew a few hundred expired holds while each contender runs.
+        assert 0.99 * expired <= results[name]["rows"] <= 1.01 * expired, name
+    assert results["pipeline_range"]["chunk_size"] > results["pipeline_range_first"][
+        "chunk_size"]
+    floor = json.loads(BASELINE.read_text())["small"]["range_to_single_delete"] / 2
+    assert report["ratios"]["range_to_single_delete"] >= floor
+    assert (tmp_path / "bench-small.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "bench-small.json").read_text())["ratios"] == report[
+        "ratios"]
+
+
+@pytest.mark.django_db
+def test_refuses_a_database_with_cleanup_schedules_and_changes_nothing(section):
+    SeatHoldFactory(section=section)
+    Schedule.objects.create(name="expire-holds", func="cleanup.schedules.dispatch_slot",
+                            schedule_type=Schedule.MINUTES, minutes=1)
+    with pytest.raises(CommandError, match="cleanup schedules installed"):
+        call_command("cleanup_bench", "--noinput")
+    assert SeatHold.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_answer_other_than_yes_cancels_and_changes_nothing(section, monkeypatch):
+    SeatHoldFactory(section=section)
+    monkeypatch.setattr("builtins.input", lambda prompt: "no")
+    with pytest.raises(CommandError, match="Cancelled; nothing changed"):
+        call_command("cleanup_bench")
+    assert SeatHold.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_timeout_must_be_positive():
+    with pytest.raises(CommandError, match="--timeout must be positive"):
+        call_command("cleanup_bench", "--noinput", "--timeout", "0")

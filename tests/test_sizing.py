@@ -1,0 +1,86 @@
+"""A new run's chunk size comes from a transaction-time budget learned from the ledger."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.utils import timezone
+
+from cleanup import sizing
+from cleanup.dispatch import dispatch
+from cleanup.models import Chunk, Run
+from cleanup.policies import ITEMS, RANGE, get_policy
+from tests.factories import SeatHoldFactory
+
+pytestmark = pytest.mark.django_db
+EXPIRE = "expire-holds"
+
+
+@pytest.fixture(autouse=True)
+def learning(settings):
+    settings.CLEANUP_CHUNK_BUDGET_MS = 50
+    settings.CLEANUP_MIN_ROWS_PER_CHUNK = 10
+    settings.CLEANUP_MAX_ITEMS_PER_CHUNK = 2_000
+    settings.CLEANUP_MAX_RANGE_ROWS_PER_CHUNK = 100_000
+
+
+def history(scheme: str, *, chunks: int, rows: int, duration_ms: int, policy=EXPIRE) -> None:
+    """Ledger rows of a finished run whose chunks each took ``duration_ms`` for ``rows``."""
+    now = timezone.now()
+    run = Run.objects.create(policy=policy, dispatch_key=f"test:{uuid.uuid4()}", cutoff=now,
+                             scheme=scheme, state=Run.State.COMPLETED)
+    Chunk.objects.bulk_create(
+        Chunk(run=run, seq=seq, state=Chunk.State.ACKNOWLEDGED, message={},
+              planned_rows=rows, rows_deleted=rows, duration_ms=duration_ms,
+              committed_at=now)
+        for seq in range(1, chunks + 1)
+    )
+
+
+def test_without_enough_history_the_policys_chunk_size_is_used():
+    history(RANGE, chunks=sizing.ENOUGH - 1, rows=1_000, duration_ms=1)
+    assert sizing.chunk_size(get_policy(EXPIRE), RANGE) == get_policy(EXPIRE).chunk_size
+
+
+def test_size_fills_the_budget_at_the_learned_rate():
+    history(RANGE, chunks=sizing.ENOUGH, rows=1_000, duration_ms=5)  # 200 rows per ms
+    assert sizing.chunk_size(get_policy(EXPIRE), RANGE) == 50 * 200
+
+
+def test_each_scheme_learns_from_its_own_chunks_and_has_its_own_ceiling():
+    history(RANGE, chunks=sizing.ENOUGH, rows=10_000, duration_ms=1)
+    history(ITEMS, chunks=sizing.ENOUGH, rows=500, duration_ms=25)  # 20 rows per ms
+    assert sizing.chunk_size(get_policy(EXPIRE), RANGE) == 100_000
+    assert sizing.chunk_size(get_policy(EXPIRE), ITEMS) == 50 * 20
+
+
+def test_items_ceiling_bounds_the_message_size():
+    history(ITEMS, chunks=sizing.ENOUGH, rows=5_000, duration_ms=1)
+    assert sizing.chunk_size(get_policy(EXPIRE), ITEMS) == 2_000
+
+
+def test_slow_chunks_shrink_the_size_down_to_the_floor():
+    history(RANGE, chunks=sizing.ENOUGH, rows=500, duration_ms=5_000)
+    assert sizing.chunk_size(get_policy(EXPIRE), RANGE) == 10
+
+
+def test_other_policies_history_does_not_count():
+    history(RANGE, chunks=sizing.ENOUGH, rows=1_000, duration_ms=5,
+            policy="purge-reminder-attempts")
+    assert sizing.chunk_size(get_policy(EXPIRE), RANGE) == get_policy(EXPIRE).chunk_size
+
+
+def test_a_zero_budget_turns_learning_off(settings):
+    settings.CLEANUP_CHUNK_BUDGET_MS = 0
+    history(RANGE, chunks=sizing.ENOUGH, rows=1_000, duration_ms=5)
+    assert sizing.chunk_size(get_policy(EXPIRE), RANGE) == get_policy(EXPIRE).chunk_size
+
+
+def test_dispatch_plans_with_the_learned_size_and_records_it(section, chunk_size):
+    chunk_size(EXPIRE, 2)
+    SeatHoldFactory.create_batch(25, section=section, expired=True)
+    history(RANGE, chunks=sizing.ENOUGH, rows=100, duration_ms=500)  # 0.2 rows per ms: 10 rows
+    run = dispatch(EXPIRE, scheme=RANGE).run
+    assert run.chunk_size == 10
+    assert [c.planned_rows for c in run.chunks.order_by("seq")] == [10, 10, 5]
