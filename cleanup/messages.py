@@ -43,8 +43,13 @@ def items_message(run_id, chunk_id, policy, cutoff, items) -> dict:
         "chunk_id": chunk_id,
         "policy": policy,
         "cutoff": cutoff.isoformat(),
-        "items": [[_json_key(pk), observed.isoformat()] for pk, observed in items],
+        "items": [[_json_key(pk), _iso(observed)] for pk, observed in items],
     }
+
+
+def _iso(observed) -> str:
+    """Planning reads observed values as ISO-8601 text already; others are datetimes."""
+    return observed if isinstance(observed, str) else observed.isoformat()
 
 
 def range_message(run_id, chunk_id, policy, cutoff, partition, start_id, end_id) -> dict:

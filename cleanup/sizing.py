@@ -2,8 +2,9 @@
 
 A chunk's transaction holds its rows' locks (a renewal of one of them waits for it),
 so its size is chosen from time, not rows: as many rows as recent chunks of the same
-policy and scheme got through within ``CLEANUP_CHUNK_BUDGET_MS``, between a floor and
-a per-scheme ceiling. Without enough history the policy's own ``chunk_size`` is used.
+policy and scheme got through within ``CLEANUP_CHUNK_BUDGET_MS`` at their median pace,
+between a floor and a per-scheme ceiling. Without enough history the policy's own
+``chunk_size`` is used.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ def chunk_size(policy: Policy, scheme: str) -> int:
     history = list(recent)
     if len(history) < ENOUGH:
         return policy.chunk_size
-    rows = sum(chunk["planned_rows"] for chunk in history)
-    # Durations are whole milliseconds; a chunk under one still took time.
-    milliseconds = sum(max(chunk["duration_ms"], 1) for chunk in history)
-    learned = int(conf.CHUNK_BUDGET_MS * rows / milliseconds)
+    # The median chunk's pace: a few chunks that met a lock or a sparse stretch of ids
+    # do not shrink the size for the rest. Durations are whole milliseconds.
+    paces = sorted(chunk["planned_rows"] / max(chunk["duration_ms"], 1) for chunk in history)
+    learned = int(conf.CHUNK_BUDGET_MS * paces[len(paces) // 2])
     ceiling = conf.MAX_ITEMS_PER_CHUNK if scheme == ITEMS else conf.MAX_RANGE_ROWS_PER_CHUNK
     return max(conf.MIN_ROWS_PER_CHUNK, min(learned, ceiling))

@@ -55,6 +55,15 @@ class SeatHold(models.Model):
                 name="seathold_held_by_expiry",
             ),
             models.Index(fields=["tenant", "id"], name="seathold_tenant_id"),
+            # Range planning reads each tenant's eligible ids in order from this index
+            # alone (an index-only scan): 2.5x faster than through seathold_tenant_id
+            # at a million expired holds (README, Performance).
+            models.Index(
+                fields=["tenant", "id"],
+                include=["expires_at"],
+                condition=Q(status="held"),
+                name="seathold_held_by_tenant",
+            ),
             models.Index(fields=["section", "status"], name="seathold_section_status"),
         ]
 

@@ -84,3 +84,9 @@ def test_dispatch_plans_with_the_learned_size_and_records_it(section, chunk_size
     run = dispatch(EXPIRE, scheme=RANGE).run
     assert run.chunk_size == 10
     assert [c.planned_rows for c in run.chunks.order_by("seq")] == [10, 10, 5]
+
+
+def test_a_few_slow_chunks_do_not_shrink_the_size():
+    history(RANGE, chunks=9, rows=1_000, duration_ms=5)
+    history(RANGE, chunks=2, rows=1_000, duration_ms=400)  # a lock wait, a sparse range
+    assert sizing.chunk_size(get_policy(EXPIRE), RANGE) == 50 * 200
