@@ -118,8 +118,8 @@ class RunAdmin(LedgerAdmin):
     search_fields = ("dispatch_key",)
     actions = ["replay_runs", "cancel_runs"]
     fields = ("id", "policy", "scheme", "state", "trigger", "replay_link", "dispatch_key",
-              "cutoff_exact", "candidates", "chunks_planned", "chunk_size", "created_at",
-              "finished_at")
+              "cutoff_exact", "candidates", "chunks_planned", "chunk_size", "max_span",
+              "created_at", "finished_at")
     readonly_fields = fields
 
     def get_queryset(self, request):

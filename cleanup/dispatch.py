@@ -88,7 +88,8 @@ def dispatch(
                 scheme=scheme,
                 trigger=trigger,
                 replay_of=replay_of,
-                chunk_size=sizing.chunk_size(policy, scheme),
+                chunk_size=(size := sizing.chunk_size(policy, scheme)),
+                max_span=sizing.max_span(policy, scheme, size),
             )
             run.candidates, run.chunks_planned = _plan_and_send(run, policy, sync=sync)
             if run.chunks_planned == 0:
@@ -108,6 +109,7 @@ def dispatch(
         candidates=run.candidates,
         chunks=run.chunks_planned,
         chunk_size=run.chunk_size,
+        max_span=run.max_span,
     )
     if sync:
         apply_in_process(run)
@@ -181,7 +183,7 @@ def _plan_and_send(run: Run, policy: Policy, *, sync: bool) -> tuple[int, int]:
     if not sync and not in_transaction:
         transaction.on_commit(lambda: send_planned(run.id))
 
-    planned_chunks = plan(policy, run.cutoff, run.scheme, run.chunk_size)
+    planned_chunks = plan(policy, run.cutoff, run.scheme, run.chunk_size, run.max_span)
     for seq, planned in enumerate(planned_chunks, start=1):
         batch.append(
             Chunk(

@@ -41,6 +41,10 @@ class Run(models.Model):
     chunk_size = models.PositiveIntegerField(
         default=0, help_text="Rows per chunk chosen at dispatch (cleanup.sizing)."
     )
+    max_span = models.PositiveBigIntegerField(
+        null=True, blank=True,
+        help_text="Widest id span of a range chunk (cleanup.sizing); empty: no cap.",
+    )
     messages_sent = models.PositiveIntegerField(
         default=0, help_text="Chunk messages published: first sends and re-sends."
     )

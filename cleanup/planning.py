@@ -11,8 +11,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import CharField, F, Func, Q, Window
-from django.db.models.functions import Lead, Mod, RowNumber
+from django.db.models import (
+    BigIntegerField,
+    CharField,
+    ExpressionWrapper,
+    F,
+    Func,
+    Q,
+    Value,
+    Window,
+)
+from django.db.models.functions import Lag, Lead, Mod, RowNumber
 
 from cleanup.policies import ITEMS, Policy
 
@@ -26,10 +35,12 @@ class PlannedChunk:
     end_id: int | None = None
 
 
-def plan(policy: Policy, cutoff: datetime, scheme: str, size: int) -> Iterator[PlannedChunk]:
+def plan(
+    policy: Policy, cutoff: datetime, scheme: str, size: int, max_span: int | None = None
+) -> Iterator[PlannedChunk]:
     if scheme == ITEMS:
         return plan_items(policy, cutoff, size)
-    return plan_ranges(policy, cutoff, size)
+    return plan_ranges(policy, cutoff, size, max_span)
 
 
 def plan_items(policy: Policy, cutoff: datetime, size: int) -> Iterator[PlannedChunk]:
@@ -75,32 +86,58 @@ class IsoTimestamp(Func):
     output_field = CharField()
 
 
-def plan_ranges(policy: Policy, cutoff: datetime, size: int) -> Iterator[PlannedChunk]:
-    """Yield half-open pk ranges per partition, each holding ``size`` eligible rows.
+def plan_ranges(
+    policy: Policy, cutoff: datetime, size: int, max_span: int | None = None
+) -> Iterator[PlannedChunk]:
+    """Yield half-open pk ranges per partition, each holding at most ``size`` eligible
+    rows and, with ``max_span``, lying inside one cell of a grid ``max_span`` ids wide.
 
-    A partition's ranges tile [its lowest eligible pk, its highest + 1) with no gap
-    and no overlap; no range is empty when planned. One streamed query numbers each
-    partition's eligible rows by pk and returns only every ``size``-th and the last,
-    so planning reads the eligible rows once, in index order when an index on
-    (partition, pk) covers the predicate, and holds one boundary at a time.
+    Ranges of a partition are disjoint, in pk order, cover every eligible row, and none
+    is empty when planned. Within a cell they tile; between cells they skip ids where no
+    row is eligible, without visiting them. The grid bounds the ids a range's DELETE
+    walks through where eligible rows are sparse (a backlog's newest edge), which a
+    count of eligible rows alone does not.
+
+    One streamed query numbers each partition's eligible rows by pk and returns only
+    the rows that open or close a range, in index order when an index on
+    (partition, pk) covers the predicate; planning holds one range at a time.
     """
     column = policy.partition_column
     by_pk = {"partition_by": [F(column)], "order_by": F("pk").asc()}
-    boundaries = (
-        policy.eligible_rows(cutoff)
-        .annotate(position=Window(RowNumber(), **by_pk), following=Window(Lead("pk"), **by_pk))
-        .annotate(offset=Mod(F("position") - 1, size))
-        .filter(Q(offset=0) | Q(following__isnull=True))
-        .order_by(column, "pk")
-        .values_list(column, "pk", "position", "offset", "following")
+    boundaries = policy.eligible_rows(cutoff).annotate(
+        position=Window(RowNumber(), **by_pk),
+        following=Window(Lead("pk"), **by_pk),
+        offset=Mod(F("position") - 1, size),
     )
-    start = None  # (partition, pk, position) of the range being filled
-    for partition, pk, position, offset, following in boundaries.iterator(chunk_size=2000):
-        if offset == 0:
-            if start is not None and start[0] == partition:
-                yield PlannedChunk(size, None, partition, start[1], pk)
-            start = (partition, pk, position)
-        if following is None:
-            # The partition's last eligible row closes its last range.
-            yield PlannedChunk(position - start[2] + 1, None, partition, start[1], pk + 1)
+    opens, closes = Q(offset=0), Q(following__isnull=True)
+    cells = ()
+    if max_span:
+        # Integer division: the grid cell of an id, of the previous and the next row.
+        boundaries = boundaries.annotate(
+            cell=_cell(F("pk"), max_span),
+            previous_cell=Window(Lag(_cell(F("pk"), max_span)), **by_pk),
+            next_cell=_cell(F("following"), max_span),
+        )
+        opens |= ~Q(cell=F("previous_cell"))
+        closes |= ~Q(cell=F("next_cell"))
+        cells = ("cell", "previous_cell", "next_cell")
+    rows = (
+        boundaries.filter(opens | closes)
+        .order_by(column, "pk")
+        .values_list(column, "pk", "position", "offset", "following", *cells)
+    )
+    start = None  # (pk, position) of the open range
+    for partition, pk, position, offset, following, *grid in rows.iterator(chunk_size=2000):
+        cell, previous_cell, next_cell = grid or (None, None, None)
+        if offset == 0 or cell != previous_cell:
+            if start is not None:
+                # Same partition and cell: the range ends where the next one starts.
+                yield PlannedChunk(position - start[1], None, partition, start[0], pk)
+            start = (pk, position)
+        if following is None or cell != next_cell:
+            yield PlannedChunk(position - start[1] + 1, None, partition, start[0], pk + 1)
             start = None
+
+
+def _cell(ids, width: int):
+    return ExpressionWrapper(ids / Value(width), output_field=BigIntegerField())

@@ -16,20 +16,15 @@ from cleanup.policies import ITEMS, Policy
 # Recent chunks the rate is learned from, and how many are enough to trust it.
 HISTORY = 50
 ENOUGH = 5
+# A range chunk may span this many times the ids a typical full one spans.
+SPAN_FACTOR = 4
 
 
 def chunk_size(policy: Policy, scheme: str) -> int:
     """Return the rows per chunk for a new run of ``policy`` under ``scheme``."""
     if not conf.CHUNK_BUDGET_MS:
         return policy.chunk_size
-    recent = (
-        Chunk.objects.filter(run__policy=policy.name, run__scheme=scheme,
-                             state__in=Chunk.DONE, duration_ms__isnull=False,
-                             planned_rows__gt=0)
-        .order_by("-committed_at")
-        .values("planned_rows", "duration_ms")[:HISTORY]
-    )
-    history = list(recent)
+    history = list(_recent(policy, scheme).values("planned_rows", "duration_ms"))
     if len(history) < ENOUGH:
         return policy.chunk_size
     # The median chunk's pace: a few chunks that met a lock or a sparse stretch of ids
@@ -38,3 +33,34 @@ def chunk_size(policy: Policy, scheme: str) -> int:
     learned = int(conf.CHUNK_BUDGET_MS * paces[len(paces) // 2])
     ceiling = conf.MAX_ITEMS_PER_CHUNK if scheme == ITEMS else conf.MAX_RANGE_ROWS_PER_CHUNK
     return max(conf.MIN_ROWS_PER_CHUNK, min(learned, ceiling))
+
+
+def max_span(policy: Policy, scheme: str, size: int) -> int | None:
+    """Return the widest id span for a new run's range chunks, or None for no cap.
+
+    ``SPAN_FACTOR`` times the span of ``size`` rows at the median density of recent
+    range chunks: where eligible rows thin out, a range is cut short rather than
+    letting its DELETE walk through many ids that are not eligible.
+    """
+    if scheme == ITEMS or not conf.CHUNK_BUDGET_MS:
+        return None
+    history = list(
+        _recent(policy, scheme).values_list("planned_rows", "message__start_id",
+                                            "message__end_id")
+    )
+    if len(history) < ENOUGH:
+        return None
+    spans = sorted((end - start) / rows for rows, start, end in history
+                   if isinstance(start, int) and isinstance(end, int))
+    if len(spans) < ENOUGH:
+        return None
+    return max(1, round(SPAN_FACTOR * size * spans[len(spans) // 2]))
+
+
+def _recent(policy: Policy, scheme: str):
+    return (
+        Chunk.objects.filter(run__policy=policy.name, run__scheme=scheme,
+                             state__in=Chunk.DONE, duration_ms__isnull=False,
+                             planned_rows__gt=0)
+        .order_by("-committed_at")[:HISTORY]
+    )

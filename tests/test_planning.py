@@ -1,4 +1,5 @@
-"""Range chunks tile each tenant's id span exactly: no gap, no overlap, no row twice."""
+"""Range chunks cover each tenant's eligible ids exactly: no overlap, no row twice, none
+missed; without a span cap they tile the span, with one each fits in its grid cell."""
 
 from __future__ import annotations
 
@@ -16,13 +17,14 @@ from reservations.models import ReminderAttempt, Tenant
 pytestmark = pytest.mark.django_db
 
 
-@settings(max_examples=40, deadline=None,
+@settings(max_examples=100, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     rows=st.lists(st.tuples(st.integers(0, 2), st.booleans()), min_size=0, max_size=40),
     size=st.integers(1, 7),
+    max_span=st.one_of(st.none(), st.integers(1, 40)),
 )
-def test_adjacent_ranges_tile_the_id_span(rows, size):
+def test_ranges_cover_eligible_ids_once_within_their_bounds(rows, size, max_span):
     policy = get_policy("purge-reminder-attempts")
     now = timezone.now()
     ReminderAttempt.objects.all().delete()
@@ -36,7 +38,7 @@ def test_adjacent_ranges_tile_the_id_span(rows, size):
     for attempt in policy.eligible_rows(now):
         eligible.setdefault(attempt.tenant_id, []).append(attempt.pk)
 
-    chunks = list(plan_ranges(policy, now, size))
+    chunks = list(plan_ranges(policy, now, size, max_span))
 
     by_tenant = {}
     for chunk in chunks:
@@ -48,7 +50,14 @@ def test_adjacent_ranges_tile_the_id_span(rows, size):
         assert ranges[0].start_id == ids[0]
         assert ranges[-1].end_id == ids[-1] + 1
         for left, right in zip(ranges, ranges[1:], strict=False):
-            assert left.end_id == right.start_id  # adjacent: no gap, no overlap
+            if max_span is None:
+                assert left.end_id == right.start_id  # adjacent: no gap, no overlap
+            else:
+                assert left.end_id <= right.start_id  # in order, no overlap
+                assert right.start_id // max_span > (left.end_id - 1) // max_span or (
+                    left.end_id == right.start_id)  # a gap only between cells
+        if max_span is not None:
+            assert all(r.start_id // max_span == (r.end_id - 1) // max_span for r in ranges)
         covered = [[i for i in ids if r.start_id <= i < r.end_id] for r in ranges]
         assert [len(c) for c in covered] == [r.rows for r in ranges]
         assert all(0 < r.rows <= size for r in ranges)

@@ -25,13 +25,16 @@ def learning(settings):
     settings.CLEANUP_MAX_RANGE_ROWS_PER_CHUNK = 100_000
 
 
-def history(scheme: str, *, chunks: int, rows: int, duration_ms: int, policy=EXPIRE) -> None:
-    """Ledger rows of a finished run whose chunks each took ``duration_ms`` for ``rows``."""
+def history(scheme: str, *, chunks: int, rows: int, duration_ms: int, policy=EXPIRE,
+            span: int = 0) -> None:
+    """Ledger rows of a finished run whose chunks each took ``duration_ms`` for ``rows``
+    (range chunks spanning ``span`` ids)."""
     now = timezone.now()
     run = Run.objects.create(policy=policy, dispatch_key=f"test:{uuid.uuid4()}", cutoff=now,
                              scheme=scheme, state=Run.State.COMPLETED)
     Chunk.objects.bulk_create(
-        Chunk(run=run, seq=seq, state=Chunk.State.ACKNOWLEDGED, message={},
+        Chunk(run=run, seq=seq, state=Chunk.State.ACKNOWLEDGED,
+              message={"start_id": seq * span, "end_id": (seq + 1) * span} if span else {},
               planned_rows=rows, rows_deleted=rows, duration_ms=duration_ms,
               committed_at=now)
         for seq in range(1, chunks + 1)
@@ -90,3 +93,26 @@ def test_a_few_slow_chunks_do_not_shrink_the_size():
     history(RANGE, chunks=9, rows=1_000, duration_ms=5)
     history(RANGE, chunks=2, rows=1_000, duration_ms=400)  # a lock wait, a sparse range
     assert sizing.chunk_size(get_policy(EXPIRE), RANGE) == 50 * 200
+
+
+def test_range_span_is_capped_at_a_multiple_of_the_typical_chunks_span():
+    history(RANGE, chunks=9, rows=1_000, duration_ms=5, span=4_000)  # 4 ids per row
+    history(RANGE, chunks=2, rows=1_000, duration_ms=5, span=900_000)  # a sparse edge
+    assert sizing.max_span(get_policy(EXPIRE), RANGE, 2_000) == sizing.SPAN_FACTOR * 2_000 * 4
+
+
+def test_no_span_cap_without_history_for_items_or_with_learning_off(settings):
+    policy = get_policy(EXPIRE)
+    assert sizing.max_span(policy, RANGE, 2_000) is None
+    history(RANGE, chunks=sizing.ENOUGH, rows=1_000, duration_ms=5, span=4_000)
+    assert sizing.max_span(policy, ITEMS, 2_000) is None
+    settings.CLEANUP_CHUNK_BUDGET_MS = 0
+    assert sizing.max_span(policy, RANGE, 2_000) is None
+
+
+def test_dispatch_records_the_span_cap_and_plans_within_it(section, chunk_size):
+    holds = SeatHoldFactory.create_batch(12, section=section, expired=True)
+    history(RANGE, chunks=sizing.ENOUGH, rows=20, duration_ms=1, span=20)  # 1 id per row
+    run = dispatch(EXPIRE, scheme=RANGE).run
+    assert (run.chunk_size, run.max_span) == (1_000, sizing.SPAN_FACTOR * 1_000)
+    assert sum(c.planned_rows for c in run.chunks.all()) == len(holds)
