@@ -11,17 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import (
-    BigIntegerField,
-    CharField,
-    ExpressionWrapper,
-    F,
-    Func,
-    Q,
-    Value,
-    Window,
-)
-from django.db.models.functions import Lag, Lead, Mod, RowNumber
+from django.db.models import CharField, F, Func, Q, Window
+from django.db.models.functions import Lead, Mod, RowNumber
 
 from cleanup.policies import ITEMS, Policy
 
@@ -90,54 +81,57 @@ def plan_ranges(
     policy: Policy, cutoff: datetime, size: int, max_span: int | None = None
 ) -> Iterator[PlannedChunk]:
     """Yield half-open pk ranges per partition, each holding at most ``size`` eligible
-    rows and, with ``max_span``, lying inside one cell of a grid ``max_span`` ids wide.
+    rows and, with ``max_span``, spanning at most ``max_span`` ids.
 
-    Ranges of a partition are disjoint, in pk order, cover every eligible row, and none
-    is empty when planned. Within a cell they tile; between cells they skip ids where no
-    row is eligible, without visiting them. The grid bounds the ids a range's DELETE
-    walks through where eligible rows are sparse (a backlog's newest edge), which a
-    count of eligible rows alone does not.
+    A partition's ranges are disjoint, in pk order, cover every eligible row, and none
+    is empty when planned. They tile its eligible span except where a range had to be
+    cut to ``max_span``: there they skip ids where no row is eligible, without visiting
+    them. That bounds the ids a DELETE walks through where eligible rows thin out (a
+    backlog's newest edge), which counting eligible rows alone does not.
 
     One streamed query numbers each partition's eligible rows by pk and returns only
-    the rows that open or close a range, in index order when an index on
-    (partition, pk) covers the predicate; planning holds one range at a time.
+    every ``size``-th and the last, in index order when an index on (partition, pk)
+    covers the predicate; a range found too wide reads its own ids to be cut.
     """
     column = policy.partition_column
+    eligible = policy.eligible_rows(cutoff)
     by_pk = {"partition_by": [F(column)], "order_by": F("pk").asc()}
-    boundaries = policy.eligible_rows(cutoff).annotate(
-        position=Window(RowNumber(), **by_pk),
-        following=Window(Lead("pk"), **by_pk),
-        offset=Mod(F("position") - 1, size),
-    )
-    opens, closes = Q(offset=0), Q(following__isnull=True)
-    cells = ()
-    if max_span:
-        # Integer division: the grid cell of an id, of the previous and the next row.
-        boundaries = boundaries.annotate(
-            cell=_cell(F("pk"), max_span),
-            previous_cell=Window(Lag(_cell(F("pk"), max_span)), **by_pk),
-            next_cell=_cell(F("following"), max_span),
+    boundaries = (
+        eligible.annotate(
+            position=Window(RowNumber(), **by_pk),
+            following=Window(Lead("pk"), **by_pk),
+            offset=Mod(F("position") - 1, size),
         )
-        opens |= ~Q(cell=F("previous_cell"))
-        closes |= ~Q(cell=F("next_cell"))
-        cells = ("cell", "previous_cell", "next_cell")
-    rows = (
-        boundaries.filter(opens | closes)
+        .filter(Q(offset=0) | Q(following__isnull=True))
         .order_by(column, "pk")
-        .values_list(column, "pk", "position", "offset", "following", *cells)
+        .values_list(column, "pk", "position", "offset", "following")
     )
-    start = None  # (pk, position) of the open range
-    for partition, pk, position, offset, following, *grid in rows.iterator(chunk_size=2000):
-        cell, previous_cell, next_cell = grid or (None, None, None)
-        if offset == 0 or cell != previous_cell:
+
+    def bounded(partition, start: int, end: int, rows: int) -> Iterator[PlannedChunk]:
+        if max_span is None or end - start <= max_span:
+            yield PlannedChunk(rows, None, partition, start, end)
+            return
+        ids = (
+            eligible.filter(**{column: partition}, pk__gte=start, pk__lt=end)
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
+        group: list[int] = []
+        for pk in ids:
+            if group and pk - group[0] >= max_span:
+                yield PlannedChunk(len(group), None, partition, group[0], group[-1] + 1)
+                group = []
+            group.append(pk)
+        yield PlannedChunk(len(group), None, partition, group[0], group[-1] + 1)
+
+    start = None  # (pk, position) of the range being filled
+    for partition, pk, position, offset, following in boundaries.iterator(chunk_size=2000):
+        if offset == 0:
             if start is not None:
-                # Same partition and cell: the range ends where the next one starts.
-                yield PlannedChunk(position - start[1], None, partition, start[0], pk)
+                # Same partition: the range ends where the next one starts.
+                yield from bounded(partition, start[0], pk, position - start[1])
             start = (pk, position)
-        if following is None or cell != next_cell:
-            yield PlannedChunk(position - start[1] + 1, None, partition, start[0], pk + 1)
+        if following is None:
+            # The partition's last eligible row closes its last range.
+            yield from bounded(partition, start[0], pk + 1, position - start[1] + 1)
             start = None
-
-
-def _cell(ids, width: int):
-    return ExpressionWrapper(ids / Value(width), output_field=BigIntegerField())

@@ -17,7 +17,7 @@ from cleanup.policies import ITEMS, Policy
 HISTORY = 50
 ENOUGH = 5
 # A range chunk may span this many times the ids a typical full one spans.
-SPAN_FACTOR = 4
+SPAN_FACTOR = 2
 
 
 def chunk_size(policy: Policy, scheme: str) -> int:

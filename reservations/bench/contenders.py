@@ -167,23 +167,39 @@ def cluster_ready(timeout: float) -> None:
 
 
 def _dispatch_in_subprocess(policy: Policy, scheme: str) -> tuple[dict, float]:
-    """Dispatch as its own process; return its JSON and its peak RSS in MB."""
+    """Dispatch as its own process; return its JSON and its peak RSS in MB.
+
+    The peak is the kernel's high-water mark of the process's own memory (VmHWM),
+    sampled until it exits. Its rusage would not do: a child started by vfork and exec
+    is charged with the parent's peak as well.
+    """
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         process = subprocess.Popen(
             [sys.executable, str(MANAGE), "cleanup_dispatch", "--policy", policy.name,
              "--scheme", scheme, "--json"],
             stdout=out, stderr=err, env=os.environ.copy(), text=True,
         )
-        # wait4, not wait: it returns the rusage of this one child.
-        _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = os.waitstatus_to_exitcode(status)
+        peak_kb = 0
+        while process.poll() is None:
+            peak_kb = max(peak_kb, _high_water_kb(process.pid))
+            time.sleep(0.02)
         out.seek(0)
         err.seek(0)
         output, errors = out.read(), err.read()
     if process.returncode != 0:
         raise RuntimeError(f"cleanup_dispatch failed: {errors[-2000:]}")
-    # ru_maxrss is in kilobytes on Linux.
-    return json.loads(output.strip().splitlines()[-1]), round(usage.ru_maxrss / 1024, 1)
+    return json.loads(output.strip().splitlines()[-1]), round(peak_kb / 1024, 1)
+
+
+def _high_water_kb(pid: int) -> int:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
 
 
 def _wait(done, timeout: float, what: str) -> None:

@@ -6,6 +6,10 @@ import json
 from pathlib import Path
 
 BASELINE = Path(__file__).with_name("baseline.json")
+SHORT_LABELS = {"single_delete": "One\nDELETE", "pipeline_range_first": "Range\nfirst run",
+                "pipeline_range": "Range\nlearned", "pipeline_items_first": "Items\nfirst run",
+                "pipeline_items": "Items\nlearned", "handwritten_unnest": "Hand-written\nunnest",
+                "one_task_per_row": "Task per row\n(extrapolated)"}
 COLOURS = {"single_delete": "#555555", "handwritten_unnest": "#999999",
            "one_task_per_row": "#d08030", "pipeline_range_first": "#9cc3e0",
            "pipeline_items_first": "#9cc3e0"}
@@ -63,11 +67,11 @@ def draw(report: dict, path: Path) -> None:
     from matplotlib import pyplot
 
     rows = report["results"]
-    labels = [row["label"].replace(" (", "\n(").replace(", ", ",\n") for row in rows]
+    labels = [SHORT_LABELS.get(row["name"], row["name"]) for row in rows]
     figure, (throughput, latency) = pyplot.subplots(1, 2, figsize=(14, 5.5))
     bars = throughput.bar(labels, [row["rows_per_second"] for row in rows],
                           color=[COLOURS.get(row["name"], "#2a7ab0") for row in rows])
-    throughput.bar_label(bars, labels=[f"{row['ratio_to_single_delete']:.2f}x" for row in rows])
+    throughput.bar_label(bars, labels=[f"{row['ratio_to_single_delete']:.2g}x" for row in rows])
     throughput.set_yscale("log")
     throughput.set_ylabel("rows deleted per second (log)")
     throughput.set_title("Throughput (label: ratio to one DELETE)")
@@ -88,7 +92,7 @@ def draw(report: dict, path: Path) -> None:
     latency.set_title("Concurrent hold renewals")
     latency.legend()
     for axes in (throughput, latency):
-        axes.tick_params(axis="x", labelsize=7)
+        axes.tick_params(axis="x", labelsize=8)
     preset = report["preset"]
     figure.suptitle(f"cleanup_bench {preset['name']}: {preset['expired']:,} expired among "
                     f"{preset['total']:,} holds, {report['machine']['cpus']} CPUs")

@@ -38,7 +38,9 @@ def run_bench(preset: data.Preset, *, timeout: float, say: Callable[[str], None]
     policy = get_policy(EXPIRE_HOLDS)
     _forget(policy)
     say(f"Seeding {preset.expired:,} expired among {preset.total:,} holds...")
-    seeded_at = data.seed_template(preset, progress=lambda *args: None)
+    seeded_at = data.seed_template(
+        preset, progress=lambda what, done, total: say(f"  {what}: {done:,}/{total:,}")
+    )
     idle = _idle_renewals(preset.idle_seconds)
     say(f"Idle renewals: p99 {idle[UNTOUCHED]['p99_ms']} ms (untouched), "
         f"{idle[CLEANED]['p99_ms']} ms (expired).")

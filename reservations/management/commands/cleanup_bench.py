@@ -1,6 +1,4 @@
 import json
-import signal
-import sys
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
@@ -8,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 from reservations.bench import report as reporting
 from reservations.bench.data import PRESETS
 from reservations.bench.runner import BenchRefused, run_bench
+from reservations.management.wiping import confirm_wipe, exit_on_sigterm
 
 
 class Command(BaseCommand):
@@ -38,13 +37,9 @@ class Command(BaseCommand):
     def handle(self, *args, preset, output_dir, timeout, interactive, **options):
         if timeout <= 0:
             raise CommandError("--timeout must be positive")
-        if interactive:
-            answer = input("The benchmark deletes all reservation data first. Type 'yes': ")
-            if answer != "yes":
-                raise CommandError("Cancelled; nothing changed.")
+        confirm_wipe("The benchmark", interactive)
         say = (lambda line: None) if options["json"] else self.stdout.write
-        # Stopped from outside, still stop the qcluster on the way out.
-        signal.signal(signal.SIGTERM, lambda *args: sys.exit("bench stopped by SIGTERM"))
+        exit_on_sigterm("cleanup_bench")
         try:
             report = run_bench(PRESETS[preset], timeout=timeout, say=say)
         except BenchRefused as exc:

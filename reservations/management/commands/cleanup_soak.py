@@ -1,9 +1,8 @@
 import json
-import signal
-import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
+from reservations.management.wiping import confirm_wipe, exit_on_sigterm
 from reservations.soak.runner import run_soak
 
 
@@ -26,13 +25,9 @@ class Command(BaseCommand):
     def handle(self, *args, duration, min_faults, seed, interactive, **options):
         if duration < 10:
             raise CommandError("--duration must be at least 10 seconds")
-        if interactive:
-            answer = input("The soak deletes all reservation data first. Type 'yes': ")
-            if answer != "yes":
-                raise CommandError("Cancelled; nothing changed.")
+        confirm_wipe("The soak", interactive)
         say = (lambda line: None) if options["json"] else self.stdout.write
-        # Stopped from outside (SIGTERM), still stop the clusters on the way out.
-        signal.signal(signal.SIGTERM, lambda *args: sys.exit("soak stopped by SIGTERM"))
+        exit_on_sigterm("cleanup_soak")
         report = run_soak(duration=duration, min_faults=min_faults, seed=seed, say=say)
         if options["json"]:
             self.stdout.write(json.dumps(report.__dict__ | {"ok": report.ok}, default=str))

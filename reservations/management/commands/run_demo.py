@@ -3,6 +3,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from reservations.demo import run_demo
+from reservations.management.wiping import confirm_wipe
 
 
 class Command(BaseCommand):
@@ -24,10 +25,7 @@ class Command(BaseCommand):
     def handle(self, *args, expired, active, racers, timeout, interactive, **options):
         if expired < 2 * racers or racers < 1:
             raise CommandError("--expired must be at least twice --racers, and --racers >= 1")
-        if interactive:
-            answer = input("This deletes all reservation data first. Type 'yes' to go on: ")
-            if answer != "yes":
-                raise CommandError("Cancelled.")
+        confirm_wipe("The demo", interactive)
         say = (lambda line: None) if options["json"] else self.stdout.write
         try:
             report = run_demo(expired=expired, active=active, racers=racers,

@@ -1,0 +1,23 @@
+"""What the commands that start from empty reservation tables share."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+from django.core.management.base import CommandError
+
+
+def confirm_wipe(command: str, interactive: bool) -> None:
+    """Ask before deleting all reservation data unless --noinput; anything but 'yes'
+    aborts with nothing changed."""
+    if not interactive:
+        return
+    answer = input(f"{command} deletes all reservation data first. Type 'yes' to go on: ")
+    if answer != "yes":
+        raise CommandError("Cancelled; nothing changed.")
+
+
+def exit_on_sigterm(command: str) -> None:
+    """Turn SIGTERM into SystemExit, so the command's finally blocks stop its qclusters."""
+    signal.signal(signal.SIGTERM, lambda *args: sys.exit(f"{command} stopped by SIGTERM"))
