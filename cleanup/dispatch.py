@@ -27,8 +27,10 @@ from cleanup.preview import preview
 log = structlog.get_logger("cleanup.dispatch")
 
 CHUNK_TASK = "cleanup.tasks.apply_chunk"
-# Chunks inserted and enqueued per round trip; bounds the memory an items plan holds.
+# Chunks inserted and enqueued per round trip, and the items (pairs carried in their
+# messages) a batch may hold: together they bound the memory planning holds.
 INSERT_BATCH = 100
+INSERT_BATCH_ITEMS = 20_000
 
 
 @dataclass(frozen=True)
@@ -171,14 +173,16 @@ def _plan_and_send(run: Run, policy: Policy, *, sync: bool) -> tuple[int, int]:
     now = timezone.now()
     in_transaction = not sync and queue_shares_transaction()
     state = Chunk.State.ENQUEUED if in_transaction else Chunk.State.PLANNED
-    candidates = chunks = 0
+    candidates = chunks = batch_items = 0
     batch: list[Chunk] = []
 
     def flush() -> None:
+        nonlocal batch_items
         Chunk.objects.bulk_create(batch)
         if in_transaction:
             send(batch)
         batch.clear()
+        batch_items = 0
 
     if not sync and not in_transaction:
         transaction.on_commit(lambda: send_planned(run.id))
@@ -198,7 +202,8 @@ def _plan_and_send(run: Run, policy: Policy, *, sync: bool) -> tuple[int, int]:
         )
         candidates += planned.rows
         chunks = seq
-        if len(batch) >= INSERT_BATCH:
+        batch_items += len(planned.items or ())
+        if len(batch) >= INSERT_BATCH or batch_items >= INSERT_BATCH_ITEMS:
             flush()
     flush()
     return candidates, chunks
