@@ -1,8 +1,8 @@
-"""An ORM condition for "(pk, observed) is one of these pairs", in one statement."""
+"""ORM expressions the engine's statements are built from."""
 
 from __future__ import annotations
 
-from django.db.models import BooleanField, Expression, F
+from django.db.models import BooleanField, CharField, Expression, F, Func
 
 
 class PairsIn(Expression):
@@ -68,3 +68,12 @@ def _element(value) -> str:
         return "NULL"
     text = value.isoformat() if hasattr(value, "isoformat") else str(value)
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class IsoTimestamp(Func):
+    """A timestamptz as ISO-8601 text in UTC with microseconds, as Python reads it."""
+
+    template = (
+        "to_char(%(expressions)s AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"+00:00\"')"
+    )
+    output_field = CharField()

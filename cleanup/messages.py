@@ -133,6 +133,7 @@ def parse(raw: Any) -> ChunkMessage:
 
 
 def as_dict(raw: Any) -> dict | None:
+    """Return a message (a dict, or its JSON text) as a dict, or None if it is neither."""
     if isinstance(raw, (str, bytes)):
         try:
             raw = json.loads(raw)

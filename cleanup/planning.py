@@ -1,7 +1,7 @@
 """Split what a policy finds eligible at a cutoff into bounded chunks.
 
-Both planners stream: each query reads at most one chunk's worth of rows, so a
-backlog of millions never sits in memory.
+Both planners stream (items a page of one chunk at a time, ranges only the rows that
+open or close a range), so a backlog of millions never sits in memory.
 """
 
 from __future__ import annotations
@@ -11,16 +11,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import CharField, F, Func, Q, Window
+from django.db.models import F, Q, Window
 from django.db.models.functions import Lead, Mod, RowNumber
 
+from cleanup.expressions import IsoTimestamp
 from cleanup.policies import ITEMS, Policy
 
 
 @dataclass(frozen=True)
 class PlannedChunk:
     rows: int
-    items: list[tuple[Any, datetime]] | None = None
+    # [pk, observed value]; planning reads the value as ISO-8601 text.
+    items: list[tuple[Any, datetime | str]] | None = None
     partition: Any = None
     start_id: int | None = None
     end_id: int | None = None
@@ -68,21 +70,12 @@ def plan_items(policy: Policy, cutoff: datetime, size: int) -> Iterator[PlannedC
         after = (last_pk, datetime.fromisoformat(last_text))
 
 
-class IsoTimestamp(Func):
-    """A timestamptz as ISO-8601 text in UTC with microseconds, as Python reads it."""
-
-    template = (
-        "to_char(%(expressions)s AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"+00:00\"')"
-    )
-    output_field = CharField()
-
-
 def plan_ranges(
     policy: Policy, cutoff: datetime, size: int, max_span: int | None = None
 ) -> Iterator[PlannedChunk]:
-    """Yield half-open pk ranges per partition, each holding at most ``size`` eligible
-    rows and, with ``max_span``, spanning at most ``max_span`` ids.
+    """Yield half-open pk ranges per partition of at most ``size`` eligible rows.
 
+    With ``max_span``, no range spans more than ``max_span`` ids.
     A partition's ranges are disjoint, in pk order, cover every eligible row, and none
     is empty when planned. They tile its eligible span except where a range had to be
     cut to ``max_span``: there they skip ids where no row is eligible, without visiting
@@ -107,31 +100,39 @@ def plan_ranges(
         .values_list(column, "pk", "position", "offset", "following")
     )
 
-    def bounded(partition, start: int, end: int, rows: int) -> Iterator[PlannedChunk]:
-        if max_span is None or end - start <= max_span:
-            yield PlannedChunk(rows, None, partition, start, end)
-            return
-        ids = (
-            eligible.filter(**{column: partition}, pk__gte=start, pk__lt=end)
-            .order_by("pk")
-            .values_list("pk", flat=True)
-        )
-        group: list[int] = []
-        for pk in ids:
-            if group and pk - group[0] >= max_span:
-                yield PlannedChunk(len(group), None, partition, group[0], group[-1] + 1)
-                group = []
-            group.append(pk)
-        yield PlannedChunk(len(group), None, partition, group[0], group[-1] + 1)
-
     start = None  # (pk, position) of the range being filled
     for partition, pk, position, offset, following in boundaries.iterator(chunk_size=2000):
         if offset == 0:
             if start is not None:
                 # Same partition: the range ends where the next one starts.
-                yield from bounded(partition, start[0], pk, position - start[1])
+                yield from _within_span(eligible, column, partition, start[0], pk,
+                                        position - start[1], max_span)
             start = (pk, position)
         if following is None:
             # The partition's last eligible row closes its last range.
-            yield from bounded(partition, start[0], pk + 1, position - start[1] + 1)
+            yield from _within_span(eligible, column, partition, start[0], pk + 1,
+                                    position - start[1] + 1, max_span)
             start = None
+
+
+def _within_span(eligible, column: str, partition, start: int, end: int, rows: int,
+                 max_span: int | None) -> Iterator[PlannedChunk]:
+    """Yield [start, end) as planned, or cut into ranges no wider than ``max_span``
+    around the eligible ids it holds now."""
+    if max_span is None or end - start <= max_span:
+        yield PlannedChunk(rows, None, partition, start, end)
+        return
+    ids = (
+        eligible.filter(**{column: partition}, pk__gte=start, pk__lt=end)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    group: list[int] = []
+    for pk in ids:
+        if group and pk - group[0] >= max_span:
+            yield PlannedChunk(len(group), None, partition, group[0], group[-1] + 1)
+            group = []
+        group.append(pk)
+    # Read after the boundaries: rows deleted or renewed since may have emptied it.
+    if group:
+        yield PlannedChunk(len(group), None, partition, group[0], group[-1] + 1)

@@ -25,7 +25,8 @@ def preview(policy: Policy, cutoff: datetime, scheme: str, size: int) -> Preview
     """Count eligible rows per partition (tenant) and the chunks planning would make.
 
     Both planners fill every chunk but the last (per partition, for ranges), so the
-    chunk count follows from the row counts.
+    chunk count follows from the row counts; for ranges it is a lower bound, since a
+    range wider than the run's span cap is cut further when planned.
     """
     column = policy.partition_column
     counts = (

@@ -10,12 +10,13 @@ between a floor and a per-scheme ceiling. Without enough history the policy's ow
 from __future__ import annotations
 
 from cleanup.conf import conf
-from cleanup.models import Chunk
+from cleanup.models import Chunk, Run
 from cleanup.policies import ITEMS, Policy
 
 # Recent chunks the rate is learned from, and how many are enough to trust it.
 HISTORY = 50
 ENOUGH = 5
+RUNS = 5
 # A range chunk may span this many times the ids a typical full one spans.
 SPAN_FACTOR = 2
 
@@ -58,9 +59,11 @@ def max_span(policy: Policy, scheme: str, size: int) -> int | None:
 
 
 def _recent(policy: Policy, scheme: str):
+    """The policy's latest done chunks of this scheme, from its last few runs only (found
+    through the run index), so a long ledger is not sorted under the policy's lock."""
+    runs = Run.objects.filter(policy=policy.name, scheme=scheme).order_by("-created_at")
     return (
-        Chunk.objects.filter(run__policy=policy.name, run__scheme=scheme,
-                             state__in=Chunk.DONE, duration_ms__isnull=False,
-                             planned_rows__gt=0)
+        Chunk.objects.filter(run__in=runs[:RUNS], state__in=Chunk.DONE,
+                             duration_ms__isnull=False, planned_rows__gt=0)
         .order_by("-committed_at")[:HISTORY]
     )

@@ -30,7 +30,7 @@ CONTENDERS = ["single_delete", "pipeline_range_first", "pipeline_range",
 def test_small_preset_is_correct_and_keeps_the_range_ratio(tmp_path):
     result = subprocess.run(
         [sys.executable, "manage.py", "cleanup_bench", "--preset", "small", "--noinput",
-         "--json", "--check-baseline", "--output-dir", str(tmp_path)],
+         "--json", "--check-baseline", "--timeout", "180", "--output-dir", str(tmp_path)],
         cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=900,
     )
     assert result.stdout, result.stderr[-3000:]
@@ -45,8 +45,10 @@ def test_small_preset_is_correct_and_keeps_the_range_ratio(tmp_path):
     assert results["single_delete"]["delete_statements"] == 1
     expired = PRESETS["small"].expired
     for name in CONTENDERS[:-1]:
-        # Learners renew a few hundred expired holds while each contender runs.
-        assert 0.99 * expired <= results[name]["rows"] <= 1.01 * expired, name
+        # Every eligible hold is gone (a check above); this guards the data shape:
+        # learners renew expired holds while a contender runs, and active holds
+        # keep expiring.
+        assert 0.95 * expired <= results[name]["rows"] <= 1.05 * expired, name
     assert results["pipeline_range"]["chunk_size"] > results["pipeline_range_first"][
         "chunk_size"]
     floor = json.loads(BASELINE.read_text())["small"]["range_to_single_delete"] / 2

@@ -359,14 +359,3 @@ def test_idempotency_keys_are_logged_at_debug(expired_holds, caplog):
         str(chunk.run_id), chunk.seq, "deleted")
     assert (outcome["rows_deleted"], outcome["policy"]) == (5, "expire-holds")
 
-
-@pytest.mark.parametrize("values", [
-    [1, 2, 9_000_000_000],
-    ['plain', 'with "quotes"', "back\\slash", "comma, brace}{", "", "NULL"],
-])
-def test_array_literal_round_trips_through_postgresql(db, values):
-    from cleanup.expressions import array_literal
-
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT %s::text[]", [array_literal(values)])
-        assert cursor.fetchone()[0] == [str(v) for v in values]
