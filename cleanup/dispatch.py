@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import structlog
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, connections, transaction
 from django.db.models import F
 from django.utils import timezone
 from django_q.brokers import get_broker
@@ -157,7 +157,14 @@ class _HeldInserts(ORM):
         return "(held for one INSERT)"  # django-q2 logs it as the queue row's id
 
     def insert(self) -> None:
-        self.get_connection().bulk_create(self.rows)
+        # executemany, not bulk_create: Django's UNNEST bulk insert quotes each payload
+        # in Python inside an array literal, seven times slower for items messages.
+        with connections[self.get_connection().db].cursor() as cursor:
+            cursor.executemany(
+                f'INSERT INTO "{OrmQ._meta.db_table}" ("key", "payload", "lock") '
+                "VALUES (%s, %s, %s)",
+                [(row.key, row.payload, row.lock) for row in self.rows],
+            )
         self.rows.clear()
 
 

@@ -68,6 +68,19 @@ class Run(models.Model):
         return f"{self.policy} run {self.id}"
 
 
+class MessageField(models.JSONField):
+    """A JSONField that bulk-inserts through VALUES rows.
+
+    Django 5.2 bulk-inserts on PostgreSQL through UNNEST of one array per column, and
+    psycopg quotes each element of such an array in Python: for items messages (about
+    100 KB each) that took 8.8 of the 14.4 s of dispatching a million holds. A
+    placeholder per value keeps the VALUES form.
+    """
+
+    def get_placeholder(self, value, compiler, connection):
+        return "%s"
+
+
 class Chunk(models.Model):
     """One bounded unit of a run's work and its ledger row."""
 
@@ -96,7 +109,7 @@ class Chunk(models.Model):
     run = models.ForeignKey(Run, on_delete=models.DO_NOTHING, related_name="chunks")
     seq = models.PositiveIntegerField(help_text="The chunk's id within its run.")
     state = models.CharField(max_length=16, choices=State.choices, default=State.PLANNED)
-    message = models.JSONField(help_text="The message exactly as sent.")
+    message = MessageField(help_text="The message exactly as sent.")
     planned_rows = models.PositiveIntegerField(default=0)
     deliveries = models.PositiveIntegerField(default=0, help_text="Deliveries started.")
     deliveries_completed = models.PositiveIntegerField(
