@@ -20,7 +20,7 @@ from reservations.models import SeatHold
 from tests.conftest import ROOT, subprocess_env
 from tests.factories import SeatHoldFactory
 
-CONTENDERS = ["single_delete", "pipeline_range_first", "pipeline_range",
+CONTENDERS = ["single_delete", "pipeline_range_first", "pipeline_range_second", "pipeline_range",
               "pipeline_items_first", "pipeline_items", "handwritten_unnest",
               "one_task_per_row"]
 

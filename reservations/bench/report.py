@@ -7,12 +7,13 @@ from pathlib import Path
 
 BASELINE = Path(__file__).with_name("baseline.json")
 SHORT_LABELS = {"single_delete": "One\nDELETE", "pipeline_range_first": "Range\nfirst run",
-                "pipeline_range": "Range\nlearned", "pipeline_items_first": "Items\nfirst run",
-                "pipeline_items": "Items\nlearned", "handwritten_unnest": "Hand-written\nunnest",
+                "pipeline_range_second": "Range\nsecond run", "pipeline_range": "Range\nthird run",
+                "pipeline_items_first": "Items\nfirst run",
+                "pipeline_items": "Items\nsecond run", "handwritten_unnest": "Hand-written\nunnest",
                 "one_task_per_row": "Task per row\n(extrapolated)"}
 COLOURS = {"single_delete": "#555555", "handwritten_unnest": "#999999",
            "one_task_per_row": "#d08030", "pipeline_range_first": "#9cc3e0",
-           "pipeline_items_first": "#9cc3e0"}
+           "pipeline_items_first": "#9cc3e0", "pipeline_range_second": "#6aa8d8"}
 
 
 def table(report: dict) -> str:
