@@ -15,7 +15,7 @@ from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.translation import ngettext
 
 from cleanup import operations, sizing
@@ -118,8 +118,8 @@ class RunAdmin(LedgerAdmin):
     search_fields = ("dispatch_key",)
     actions = ["replay_runs", "cancel_runs"]
     fields = ("id", "policy", "scheme", "state", "trigger", "replay_link", "dispatch_key",
-              "cutoff_exact", "candidates", "chunks_planned", "chunk_size", "max_span",
-              "created_at", "finished_at")
+              "cutoff_exact", "frozen_parameters", "candidates", "chunks_planned", "chunk_size",
+              "max_span", "created_at", "finished_at")
     readonly_fields = fields
 
     def get_queryset(self, request):
@@ -137,6 +137,13 @@ class RunAdmin(LedgerAdmin):
     @admin.display(description="cutoff", ordering="cutoff")
     def cutoff_exact(self, run):
         return run.cutoff.isoformat(timespec="microseconds")
+
+    @admin.display(description="frozen parameters")
+    def frozen_parameters(self, run):
+        """The deadlines the predicate derived from the cutoff at dispatch."""
+        if not run.parameters:
+            return "-"
+        return format_html_join(", ", "{} = {}", sorted(run.parameters.items()))
 
     @admin.display(description="started by", ordering="trigger")
     def started_by(self, run):

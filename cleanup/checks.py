@@ -66,7 +66,7 @@ def check_policies(app_configs=None, **kwargs):
     errors = []
     for policy in all_policies():
         try:
-            rows = policy.eligible_rows(timezone.now())
+            rows = policy.eligible_rows(policy.freeze(timezone.now()))
         except LookupError as exc:
             errors.append(
                 checks.Error(

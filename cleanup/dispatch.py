@@ -20,6 +20,7 @@ from django_q.tasks import async_task
 
 from cleanup import messages, sizing
 from cleanup.cutoffs import frozen_cutoff
+from cleanup.exceptions import BadKey, KeyReused
 from cleanup.models import Chunk, Run
 from cleanup.planning import PlannedChunk, plan
 from cleanup.policies import Policy, check_scheme, get_policy
@@ -59,24 +60,28 @@ def dispatch(
 ) -> DispatchResult:
     """Create the run for ``key`` (or return the one that has it) and send its chunks.
 
-    ``sync`` applies the chunks in this process instead of the queue.
+    A key names one request: reusing it for the same policy returns its run; for another
+    policy, or with a scheme or cutoff that contradicts the run, it is refused. Every
+    input is checked before anything is written. ``sync`` applies the chunks in this
+    process instead of the queue.
     """
-    if key is not None and not dry_run:
-        existing = Run.objects.filter(dispatch_key=key).first()
-        if existing is not None:
-            if sync:
-                # Finish what an interrupted --sync run of this key left unapplied.
-                apply_in_process(existing)
-            return _existing(existing)
     policy = get_policy(policy_name)
-    scheme = check_scheme(scheme, policy)
-    cutoff = frozen_cutoff(cutoff, not_before=replay_of.cutoff if replay_of else None)
+    requested_scheme, scheme = scheme, check_scheme(scheme, policy)
+    key = check_key(key)
+    requested_cutoff = None if cutoff is None else frozen_cutoff(
+        cutoff, not_before=replay_of.cutoff if replay_of else None
+    )
+    cutoff = requested_cutoff or frozen_cutoff(None)
+    frozen = policy.freeze(cutoff)
     if dry_run:
         counted = preview(policy, cutoff, scheme, sizing.chunk_size(policy, scheme))
         return DispatchResult(
             None, False, policy.name, scheme, cutoff, counted.rows, counted.chunks, dry_run=True
         )
 
+    request = (policy.name, requested_scheme, requested_cutoff)
+    if key is not None and (existing := Run.objects.filter(dispatch_key=key).first()):
+        return _existing(existing, request, sync=sync)
     key = key or f"command:{uuid.uuid4()}"
     # django-q2's sync mode would run each task inside this transaction, before the
     # run commits; apply the chunks after it instead.
@@ -88,6 +93,8 @@ def dispatch(
                 policy=policy.name,
                 dispatch_key=key,
                 cutoff=cutoff,
+                parameters={name: value.isoformat() for name, value in frozen.items()
+                            if name != "cutoff"},
                 scheme=scheme,
                 trigger=trigger,
                 replay_of=replay_of,
@@ -100,13 +107,14 @@ def dispatch(
             run.save(update_fields=["candidates", "chunks_planned", "state", "finished_at"])
     except IntegrityError:
         # Another dispatcher with the same key committed first.
-        return _existing(Run.objects.get(dispatch_key=key))
+        return _existing(Run.objects.get(dispatch_key=key), request, sync=sync)
     log.info(
         "dispatched",
         run_id=str(run.id),
         policy=policy.name,
         scheme=scheme,
         cutoff=cutoff.isoformat(),
+        parameters=run.parameters,
         dispatch_key=key,
         trigger=str(trigger),
         candidates=run.candidates,
@@ -116,9 +124,22 @@ def dispatch(
     )
     if sync:
         apply_in_process(run)
+        run.refresh_from_db()
     return DispatchResult(
         run, True, policy.name, scheme, cutoff, run.candidates, run.chunks_planned
     )
+
+
+def check_key(key: str | None) -> str | None:
+    """Refuse a dispatch key that is empty or longer than the ledger keeps."""
+    if key is None:
+        return None
+    limit = Run._meta.get_field("dispatch_key").max_length
+    if not key.strip():
+        raise BadKey("dispatch key is empty (leave it out for a fresh run)")
+    if len(key) > limit:
+        raise BadKey(f"dispatch key is {len(key)} characters long; the limit is {limit}")
+    return key
 
 
 def send(chunks: Iterable[Chunk]) -> int:
@@ -222,7 +243,7 @@ def _plan_and_send(run: Run, policy: Policy, *, sync: bool) -> tuple[int, int]:
     if not sync and not in_transaction:
         transaction.on_commit(lambda: send_planned(run.id))
 
-    planned_chunks = plan(policy, run.cutoff, run.scheme, run.chunk_size, run.max_span)
+    planned_chunks = plan(policy, run.frozen, run.scheme, run.chunk_size, run.max_span)
     for seq, planned in enumerate(planned_chunks, start=1):
         batch.append(
             Chunk(
@@ -246,10 +267,8 @@ def _plan_and_send(run: Run, policy: Policy, *, sync: bool) -> tuple[int, int]:
 
 def _message(run: Run, seq: int, planned: PlannedChunk) -> dict:
     if planned.items is not None:
-        return messages.items_message(run.id, seq, run.policy, run.cutoff, planned.items)
-    return messages.range_message(
-        run.id, seq, run.policy, run.cutoff, planned.partition, planned.start_id, planned.end_id
-    )
+        return messages.items_message(run, seq, planned.items)
+    return messages.range_message(run, seq, planned.partition, planned.start_id, planned.end_id)
 
 
 def _lock_policy(policy: Policy) -> None:
@@ -260,7 +279,25 @@ def _lock_policy(policy: Policy) -> None:
         )
 
 
-def _existing(run: Run) -> DispatchResult:
+def _existing(run: Run, request: tuple, *, sync: bool) -> DispatchResult:
+    """Return the run a key already names, if the request is the same one."""
+    policy, scheme, cutoff = request
+    contradictions = [
+        f"{what} {asked} (the run has {has})"
+        for what, asked, has in (("policy", policy, run.policy), ("scheme", scheme, run.scheme),
+                                 ("cutoff", cutoff and cutoff.isoformat(),
+                                  run.cutoff.isoformat()))
+        if asked is not None and asked != has
+    ]
+    if contradictions:
+        raise KeyReused(
+            f"dispatch key {run.dispatch_key!r} belongs to run {run.id}; this request asks "
+            f"for {', '.join(contradictions)}: use another key"
+        )
+    if sync:
+        # Finish what an interrupted --sync run of this key left unapplied.
+        apply_in_process(run)
+        run.refresh_from_db()
     return DispatchResult(
         run, False, run.policy, run.scheme, run.cutoff, run.candidates, run.chunks_planned
     )

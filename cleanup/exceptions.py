@@ -20,6 +20,14 @@ class BadScheme(CleanupError):
     pass
 
 
+class BadKey(CleanupError):
+    """A dispatch key that is empty or too long for the ledger."""
+
+
+class KeyReused(CleanupError):
+    """A dispatch key already names a run of another request."""
+
+
 class UnknownRun(CleanupError):
     def __init__(self, run_id: object):
         super().__init__(f"no run with id {run_id}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import BooleanField, CharField, Expression, F, Func
+from django.db.models import BooleanField, CharField, DateTimeField, Expression, F, Func
 
 
 class PairsIn(Expression):
@@ -41,21 +41,24 @@ class PairsIn(Expression):
         self.columns = tuple(expressions)
 
     def as_sql(self, compiler, connection):
-        columns, params = [], []
-        for column in self.columns:
-            sql, column_params = compiler.compile(column)
-            columns.append(sql)
-            params.extend(column_params)
+        # Plain columns of the model compile without parameters, so they can repeat.
+        columns = [compiler.compile(column)[0] for column in self.columns]
         types = [column.output_field.db_type(connection) for column in self.columns]
         # AutoFields report "bigserial"-like types only when created; compare as bigint.
         types = [t.replace("bigserial", "bigint").replace("serial", "integer") for t in types]
-        params.append(array_literal(first for first, _ in self.pairs))
-        params.append(array_literal(second for _, second in self.pairs))
-        return (
+        pairs = [(first, second) for first, second in self.pairs if second is not None]
+        sql = (
             f"({columns[0]}, {columns[1]}) IN "
-            f"(SELECT * FROM unnest(%s::{types[0]}[], %s::{types[1]}[]))",
-            params,
+            f"(SELECT * FROM unnest(%s::{types[0]}[], %s::{types[1]}[]))"
         )
+        params = [array_literal(first for first, _ in pairs),
+                  array_literal(second for _, second in pairs)]
+        # IN never matches NULL: pairs whose second value is NULL match by IS NULL.
+        nulls = [first for first, second in self.pairs if second is None]
+        if nulls:
+            sql = f"({sql} OR ({columns[0]} = ANY(%s::{types[0]}[]) AND {columns[1]} IS NULL))"
+            params.append(array_literal(nulls))
+        return sql, params
 
 
 def array_literal(values) -> str:
@@ -70,10 +73,31 @@ def _element(value) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-class IsoTimestamp(Func):
-    """A timestamptz as ISO-8601 text in UTC with microseconds, as Python reads it."""
+class ObservedText(Func):
+    """A timestamptz as the text an items message carries: ISO-8601 in UTC with
+    microseconds, as Python reads it, where Python can hold the value; otherwise
+    PostgreSQL's own text (``-infinity``, ``infinity``, a BC or post-9999 instant),
+    which PostgreSQL reads back exactly. NULL stays NULL."""
 
     template = (
-        "to_char(%(expressions)s AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"+00:00\"')"
+        "CASE WHEN %(expressions)s >= '0001-01-01 00:00:00+00' "
+        "AND %(expressions)s < '10000-01-01 00:00:00+00' "
+        "THEN to_char(%(expressions)s AT TIME ZONE 'UTC', "
+        "'YYYY-MM-DD\"T\"HH24:MI:SS.US\"+00:00\"') "
+        "ELSE (%(expressions)s)::text END"
     )
     output_field = CharField()
+
+
+class Clamped(Func):
+    """A timestamptz clamped into the years Python can hold (NULL stays NULL), for
+    reading values such as ``-infinity`` back into a datetime."""
+
+    template = (
+        "CASE WHEN %(expressions)s < '0001-01-01 00:00:00+00' "
+        "THEN '0001-01-01 00:00:00+00'::timestamptz "
+        "WHEN %(expressions)s > '9999-12-31 23:59:59.999999+00' "
+        "THEN '9999-12-31 23:59:59.999999+00'::timestamptz "
+        "ELSE %(expressions)s END"
+    )
+    output_field = DateTimeField()

@@ -66,13 +66,15 @@ def dead_letter(chunk: Chunk, reason: str, failure_class: str) -> bool:
     return bool(updated)
 
 
-def record_orphan(raw: Any, reason: str) -> OrphanMessage:
-    """Keep a message that names no known chunk, with its raw text."""
+def record_orphan(raw: Any, reason: str, *, run_id: str | None = None,
+                  chunk_id: int | None = None) -> OrphanMessage:
+    """Keep a message no chunk took, with its raw text and what it named."""
     try:
         text = raw if isinstance(raw, str) else json.dumps(raw, default=repr)
     except (TypeError, ValueError):
         text = repr(raw)
-    orphan = OrphanMessage.objects.create(raw=text, error=reason)
+    orphan = OrphanMessage.objects.create(raw=text, error=reason, run_id=run_id,
+                                          chunk_id=chunk_id)
     log.warning("orphan message dead-lettered", policy="unknown", outcome="dead_lettered",
-                orphan_id=orphan.pk, reason=reason)
+                orphan_id=orphan.pk, run_id=run_id, chunk_id=chunk_id, reason=reason)
     return orphan

@@ -1,21 +1,34 @@
 """The queue message for one chunk: build it, and parse what a worker receives.
 
-Version 2 is current. Version 1 named the chunk ``batch_id``; workers still read it so
-messages in flight across a deploy are not lost.
+Version 3 is current: it carries the parameters the run's predicate derived from its
+cutoff at dispatch (a retention deadline). Version 2 had no ``parameters`` and version
+1 named the chunk ``batch_id``; workers still read both so messages in flight across a
+deploy are not lost (they take the parameters from their run, as every delivery is
+checked against it).
+
+Every timestamp is read as an instant in UTC. An observed value is ISO-8601, or
+PostgreSQL's own text for a value Python cannot hold (``-infinity``, ``infinity``, a
+BC or post-9999 instant), or null where the column allows it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from cleanup.exceptions import MalformedMessage
+from cleanup.cutoffs import in_utc
+from cleanup.exceptions import BadCutoff, MalformedMessage
 
-CURRENT_VERSION = 2
-SUPPORTED_VERSIONS = (1, 2)
+CURRENT_VERSION = 3
+SUPPORTED_VERSIONS = (1, 2, 3)
+# What ObservedText writes for values outside Python's years: PostgreSQL's output in UTC.
+POSTGRES_ONLY_TIMESTAMP = re.compile(
+    r"-?infinity|\d{4,6}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d{1,6})?\+00( BC)?"
+)
 
 
 @dataclass(frozen=True)
@@ -25,7 +38,9 @@ class ChunkMessage:
     chunk_id: int
     policy: str
     cutoff: datetime
-    items: list[tuple[Any, datetime]] | None = None
+    # Derived instants by name; None for a version-1 or -2 message, which has none.
+    parameters: dict[str, datetime] | None = None
+    items: list[tuple[Any, datetime | str | None]] | None = None
     partition: Any = None
     start_id: int | None = None
     end_id: int | None = None
@@ -35,32 +50,36 @@ class ChunkMessage:
         return "items" if self.items is not None else "range"
 
 
-def items_message(run_id, chunk_id, policy, cutoff, items) -> dict:
-    """Return the JSON-safe message of an items chunk: [pk, observed value] pairs."""
+def header(run, chunk_id: int) -> dict:
+    """Return what every message of a run's chunk starts with."""
     return {
         "version": CURRENT_VERSION,
-        "run_id": str(run_id),
+        "run_id": str(run.id),
         "chunk_id": chunk_id,
-        "policy": policy,
-        "cutoff": cutoff.isoformat(),
-        # Written out for the common case (int pk, ISO text from planning): a million
-        # items go through this line when a backlog is planned.
+        "policy": run.policy,
+        "cutoff": run.cutoff.isoformat(),
+        "parameters": dict(run.parameters),
+    }
+
+
+def items_message(run, chunk_id: int, items) -> dict:
+    """Return the JSON-safe message of an items chunk: [pk, observed value] pairs."""
+    return {
+        **header(run, chunk_id),
+        # Written out for the common case (int pk, text from planning): a million items
+        # go through this line when a backlog is planned.
         "items": [
             [pk if type(pk) is int else _json_key(pk),
-             observed if type(observed) is str else observed.isoformat()]
+             observed if type(observed) is str or observed is None else observed.isoformat()]
             for pk, observed in items
         ],
     }
 
 
-def range_message(run_id, chunk_id, policy, cutoff, partition, start_id, end_id) -> dict:
+def range_message(run, chunk_id: int, partition, start_id: int, end_id: int) -> dict:
     """Return the JSON-safe message of a range chunk: half-open [start_id, end_id)."""
     return {
-        "version": CURRENT_VERSION,
-        "run_id": str(run_id),
-        "chunk_id": chunk_id,
-        "policy": policy,
-        "cutoff": cutoff.isoformat(),
+        **header(run, chunk_id),
         "tenant_id": _json_key(partition),
         "start_id": start_id,
         "end_id": end_id,
@@ -110,8 +129,15 @@ def parse(raw: Any) -> ChunkMessage:
     if not isinstance(policy, str) or not policy:
         raise bad("policy is missing")
     cutoff = _aware_datetime(data.get("cutoff"), "cutoff", bad)
+    parameters = None
+    if version >= 3:
+        given = data.get("parameters")
+        if not isinstance(given, dict) or not all(isinstance(k, str) for k in given):
+            raise bad("parameters must be an object of named timestamps")
+        parameters = {name: _aware_datetime(value, f"parameter {name}", bad)
+                      for name, value in given.items()}
     fields = {"version": version, "run_id": run_id, "chunk_id": data[chunk_key],
-              "policy": policy, "cutoff": cutoff}
+              "policy": policy, "cutoff": cutoff, "parameters": parameters}
     if "items" in data:
         items = data["items"]
         if not isinstance(items, list) or not items:
@@ -120,7 +146,7 @@ def parse(raw: Any) -> ChunkMessage:
         for item in items:
             if not isinstance(item, list) or len(item) != 2:
                 raise bad("each item must be a [pk, observed value] pair")
-            pairs.append((item[0], _aware_datetime(item[1], "observed value", bad)))
+            pairs.append((item[0], _observed(item[1], bad)))
         return ChunkMessage(**fields, items=pairs)
     if {"tenant_id", "start_id", "end_id"} <= data.keys():
         start_id, end_id = data["start_id"], data["end_id"]
@@ -148,6 +174,17 @@ def _aware_datetime(value: Any, what: str, bad) -> datetime:
         parsed = datetime.fromisoformat(value)
     except (TypeError, ValueError):
         raise bad(f"{what} {value!r} is not an ISO-8601 timestamp") from None
-    if parsed.utcoffset() is None:
-        raise bad(f"{what} {value!r} has no timezone offset")
-    return parsed
+    try:
+        return in_utc(parsed, what)
+    except BadCutoff as exc:
+        raise bad(str(exc)) from None
+
+
+def _observed(value: Any, bad) -> datetime | str | None:
+    """An observed value: an instant, PostgreSQL's text for one Python cannot hold, or
+    null; the DELETE compares the row with it as PostgreSQL reads it."""
+    if value is None:
+        return None
+    if isinstance(value, str) and POSTGRES_ONLY_TIMESTAMP.fullmatch(value):
+        return value
+    return _aware_datetime(value, "observed value", bad)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 from django.db import models
 from django.utils import timezone
@@ -27,6 +28,10 @@ class Run(models.Model):
     policy = models.CharField(max_length=100)
     dispatch_key = models.CharField(max_length=255, unique=True)
     cutoff = models.DateTimeField()
+    # The other instants the policy's predicate derived from the cutoff at dispatch (a
+    # retention deadline), as ISO-8601 text: workers and replays use these, never a
+    # setting read again.
+    parameters = models.JSONField(default=dict, blank=True)
     scheme = models.CharField(max_length=10)
     state = models.CharField(max_length=32, choices=State.choices, default=State.RUNNING)
     trigger = models.CharField(max_length=16, choices=Trigger.choices)
@@ -66,6 +71,16 @@ class Run(models.Model):
 
     def __str__(self) -> str:
         return f"{self.policy} run {self.id}"
+
+    @property
+    def frozen_parameters(self) -> dict[str, datetime]:
+        """The instants the predicate derived from the cutoff at dispatch, by name."""
+        return {name: datetime.fromisoformat(text) for name, text in self.parameters.items()}
+
+    @property
+    def frozen(self) -> dict[str, datetime]:
+        """The predicate's parameters as frozen at dispatch: the cutoff and its deadlines."""
+        return {"cutoff": self.cutoff, **self.frozen_parameters}
 
 
 class MessageField(models.JSONField):
@@ -156,9 +171,13 @@ class Chunk(models.Model):
 
 
 class OrphanMessage(models.Model):
-    """A dead-lettered message that names no chunk this database knows."""
+    """A dead-lettered message that no chunk took: it names no chunk this database
+    knows, or it was malformed and named a chunk that had already finished."""
 
     received_at = models.DateTimeField(default=timezone.now)
+    # What the message named, where it could be read.
+    run_id = models.UUIDField(null=True, blank=True)
+    chunk_id = models.PositiveIntegerField(null=True, blank=True)
     raw = models.TextField()
     error = models.TextField()
 

@@ -18,6 +18,7 @@ from django.utils import timezone
 from django_q.models import Schedule
 
 from cleanup.conf import conf, lease
+from cleanup.expressions import Clamped
 from cleanup.models import Chunk, Run
 from cleanup.policies import Policy, all_policies
 from cleanup.schedules import NAME_PREFIX, schedule_key
@@ -67,11 +68,11 @@ def overview(now: datetime | None = None) -> list[PolicyOverview]:
 
 def policy_overview(policy: Policy, now: datetime, *, exact: bool = True) -> PolicyOverview:
     """One policy's health; ``exact=False`` estimates the backlog's size from the planner."""
-    rows = policy.eligible_rows(now)
+    rows = policy.eligible_rows(policy.freeze(now))
     if exact:
-        eligible = rows.aggregate(rows=Count("pk"), oldest=Min(policy.observed_field))
+        eligible = rows.aggregate(rows=Count("pk"), oldest=Min(Clamped(policy.observed_field)))
     else:
-        eligible = rows.aggregate(oldest=Min(policy.observed_field))
+        eligible = rows.aggregate(oldest=Min(Clamped(policy.observed_field)))
         eligible["rows"] = planner_estimate(rows) if eligible["oldest"] else 0
     unfinished = Q(state__in=Chunk.UNFINISHED)
     chunks = (

@@ -1,4 +1,4 @@
-"""Split what a policy finds eligible at a cutoff into bounded chunks.
+"""Split what a policy finds eligible under a run's frozen parameters into bounded chunks.
 
 Both planners stream (items a page of one chunk at a time, ranges only the rows that
 open or close a range), so a backlog of millions never sits in memory.
@@ -11,67 +11,84 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import F, Q, Window
-from django.db.models.functions import Lead, Mod, RowNumber
+from django.db.models import DateTimeField, F, Q, Value, Window
+from django.db.models.functions import Cast, Lead, Mod, RowNumber
 
-from cleanup.expressions import IsoTimestamp
+from cleanup.expressions import ObservedText
 from cleanup.policies import ITEMS, Policy
 
 
 @dataclass(frozen=True)
 class PlannedChunk:
     rows: int
-    # [pk, observed value]; planning reads the value as ISO-8601 text.
-    items: list[tuple[Any, datetime | str]] | None = None
+    # [pk, observed value]; planning reads the value as the text messages carry.
+    items: list[tuple[Any, datetime | str | None]] | None = None
     partition: Any = None
     start_id: int | None = None
     end_id: int | None = None
 
 
 def plan(
-    policy: Policy, cutoff: datetime, scheme: str, size: int, max_span: int | None = None
+    policy: Policy, frozen: dict[str, datetime], scheme: str, size: int,
+    max_span: int | None = None,
 ) -> Iterator[PlannedChunk]:
+    """Plan the chunks of what ``policy`` finds eligible under a run's frozen parameters."""
     if scheme == ITEMS:
-        return plan_items(policy, cutoff, size)
-    return plan_ranges(policy, cutoff, size, max_span)
+        return plan_items(policy, frozen, size)
+    return plan_ranges(policy, frozen, size, max_span)
 
 
-def plan_items(policy: Policy, cutoff: datetime, size: int) -> Iterator[PlannedChunk]:
+def plan_items(policy: Policy, frozen: dict[str, datetime], size: int) -> Iterator[PlannedChunk]:
     """Yield chunks of [pk, observed value] pairs, by keyset pagination.
 
     Pages follow (observed value, pk), the order of the index a policy should have on
     its eligible rows, so each page is a short index range scan. Observed values come
-    back as the ISO-8601 text the messages carry: parsing a million timestamps and
-    formatting them again took longer than the queries.
+    back as the text the messages carry (ISO-8601, or PostgreSQL's own for what Python
+    cannot hold, such as -infinity): parsing a million timestamps and formatting them
+    again took longer than the queries. Rows whose observed value is NULL (where the
+    column allows it) come last, paged by pk alone.
     """
     observed = policy.observed_field
     eligible = (
-        policy.eligible_rows(cutoff)
+        policy.eligible_rows(frozen)
         .order_by(observed, "pk")
-        .values_list("pk", IsoTimestamp(observed))
+        .values_list("pk", ObservedText(observed))
     )
-    after = None
+    if not policy.model._meta.get_field(observed).null:
+        yield from _pages(eligible, size, _after_observed(observed))
+        return
+    yield from _pages(eligible.filter(**{f"{observed}__isnull": False}), size,
+                      _after_observed(observed))
+    yield from _pages(eligible.filter(**{f"{observed}__isnull": True}), size,
+                      lambda last_pk, _: Q(pk__gt=last_pk))
+
+
+def _pages(eligible, size: int, after) -> Iterator[PlannedChunk]:
+    """Yield pages of at most ``size`` items, each starting after the last one's item."""
+    page = eligible
     while True:
-        page = eligible
-        if after is not None:
-            last_pk, last_observed = after
-            # (observed, pk) > (last_observed, last_pk), with a bound the index can seek to.
-            page = eligible.filter(
-                Q(**{f"{observed}__gt": last_observed}) | Q(pk__gt=last_pk),
-                **{f"{observed}__gte": last_observed},
-            )
         items = list(page[:size])
-        if not items:
-            return
-        yield PlannedChunk(rows=len(items), items=items)
+        if items:
+            yield PlannedChunk(rows=len(items), items=items)
         if len(items) < size:
             return
-        last_pk, last_text = items[-1]
-        after = (last_pk, datetime.fromisoformat(last_text))
+        page = eligible.filter(after(*items[-1]))
+
+
+def _after_observed(observed: str):
+    def after(last_pk, last_text: str) -> Q:
+        # (observed, pk) > (last observed, last pk), with a bound the index can seek to;
+        # PostgreSQL reads the text back, infinities included.
+        last = Cast(Value(last_text), DateTimeField())
+        return (Q(**{f"{observed}__gt": last}) | Q(pk__gt=last_pk)) & Q(
+            **{f"{observed}__gte": last}
+        )
+
+    return after
 
 
 def plan_ranges(
-    policy: Policy, cutoff: datetime, size: int, max_span: int | None = None
+    policy: Policy, frozen: dict[str, datetime], size: int, max_span: int | None = None
 ) -> Iterator[PlannedChunk]:
     """Yield half-open pk ranges per partition of at most ``size`` eligible rows.
 
@@ -87,7 +104,7 @@ def plan_ranges(
     covers the predicate; a range found too wide reads its own ids to be cut.
     """
     column = policy.partition_column
-    eligible = policy.eligible_rows(cutoff)
+    eligible = policy.eligible_rows(frozen)
     by_pk = {"partition_by": [F(column)], "order_by": F("pk").asc()}
     boundaries = (
         eligible.annotate(

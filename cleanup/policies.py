@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.apps import apps
 from django.db import models
 from django.db.models import Q
 
-from cleanup.exceptions import BadScheme, UnknownPolicy
+from cleanup.cutoffs import in_utc
+from cleanup.exceptions import BadCutoff, BadScheme, UnknownPolicy
 
 ITEMS = "items"
 RANGE = "range"
@@ -21,9 +22,12 @@ SCHEMES = (ITEMS, RANGE)
 class Policy:
     """A named cleanup rule.
 
-    ``eligible(cutoff)`` returns the whole eligibility predicate as a ``Q`` on the
-    model's own columns (no relation lookups: the DELETE must carry it in its own
-    WHERE). ``observed_field`` is the column whose planned value an items chunk
+    ``eligible(cutoff=..., **derived)`` returns the whole eligibility predicate as a
+    ``Q`` on the model's own columns (no relation lookups: the DELETE must carry it in
+    its own WHERE). ``derive(cutoff)`` names the other instants the predicate needs (a
+    retention deadline such as ``cutoff - retention``): they are computed once, at
+    dispatch, and stored with the run, so no worker or replay reads a setting to decide
+    eligibility. ``observed_field`` is the column whose planned value an items chunk
     carries and re-checks; ``partition_field`` splits range chunks (per tenant).
     ``schedule`` is a cron expression for django-q2, or None for manual runs only.
     """
@@ -36,13 +40,14 @@ class Policy:
     scheme: str = ITEMS
     chunk_size: int = 500
     schedule: str | None = None
+    derive: Callable[[datetime], dict[str, datetime]] | None = None
     # Prefix of the per-item key logged at debug level: "<prefix>:<pk>:<observed>".
     key_prefix: str | None = None
     # How long after its observed value a row becomes eligible (a retention period);
     # the backlog's age is measured from then.
     eligible_after: Callable[[], timedelta] | None = None
-    # Called with the chunk's DELETE queryset inside its transaction, just before the
-    # delete (the ledger purge rolls up the counters of what it deletes).
+    # Called inside the chunk's transaction with exactly the rows its DELETE then
+    # removes, locked (the ledger purge rolls up the counters of what it deletes).
     before_delete: Callable[[models.QuerySet], None] | None = None
 
     def __post_init__(self) -> None:
@@ -64,12 +69,37 @@ class Policy:
         """The attribute holding the partition's raw value (``tenant_id`` for an FK)."""
         return self.model._meta.get_field(self.partition_field).attname
 
-    def eligible_rows(self, cutoff: datetime) -> models.QuerySet:
-        return self.model._default_manager.filter(self.eligible(cutoff))
+    def freeze(self, cutoff: datetime) -> dict[str, datetime]:
+        """Return the predicate's parameters at ``cutoff``: the cutoff and what it derives.
+
+        Each derived instant is validated like the cutoff (aware, storable in UTC).
+        """
+        try:
+            derived = self.derive(cutoff) if self.derive else {}
+        except (OverflowError, ValueError) as exc:
+            raise BadCutoff(
+                f"cutoff {cutoff.isoformat()}: policy {self.name!r} cannot derive its "
+                f"deadlines from it ({exc})"
+            ) from None
+        return {"cutoff": cutoff, **{
+            name: in_utc(value, f"{self.name} {name}") for name, value in derived.items()
+        }}
+
+    def eligible_rows(self, frozen: dict[str, datetime]) -> models.QuerySet:
+        """The rows eligible under frozen parameters (``freeze(cutoff)`` or a run's)."""
+        return self.model._default_manager.filter(self.eligible(**frozen))
+
+    @property
+    def has_integer_key(self) -> bool:
+        """Range chunks are half-open intervals of integer primary keys."""
+        return isinstance(self.model._meta.pk, models.IntegerField)
 
     def eligible_since(self, observed: datetime) -> datetime:
         """When a row whose observed value is ``observed`` became eligible."""
-        return observed + (self.eligible_after() if self.eligible_after else timedelta(0))
+        try:
+            return observed + (self.eligible_after() if self.eligible_after else timedelta(0))
+        except OverflowError:  # observed at the end of time (+infinity, read clamped)
+            return datetime.max.replace(tzinfo=UTC)
 
 
 _registry: dict[str, Policy] = {}
@@ -95,7 +125,13 @@ def all_policies() -> list[Policy]:
 def check_scheme(scheme: str | None, policy: Policy) -> str:
     """Return the scheme to use: the requested one, or the policy's default."""
     if scheme is None:
-        return policy.scheme
-    if scheme not in SCHEMES:
+        scheme = policy.scheme
+    elif scheme not in SCHEMES:
         raise BadScheme(f"unknown scheme {scheme!r} (use {' or '.join(SCHEMES)})")
+    if scheme == RANGE and not policy.has_integer_key:
+        pk = policy.model._meta.pk
+        raise BadScheme(
+            f"policy {policy.name!r} cannot use range chunks: {policy.model_label}.{pk.name} "
+            f"is a {type(pk).__name__}, not an integer (use --scheme {ITEMS})"
+        )
     return scheme

@@ -30,7 +30,7 @@ def preview(policy: Policy, cutoff: datetime, scheme: str, size: int) -> Preview
     """
     column = policy.partition_column
     counts = (
-        policy.eligible_rows(cutoff)
+        policy.eligible_rows(policy.freeze(cutoff))
         .values_list(column)
         .annotate(rows=Count("pk"))
         .order_by(column)

@@ -9,6 +9,7 @@ import structlog
 from django.db import transaction
 
 from cleanup import operations
+from cleanup.cutoffs import frozen_cutoff
 from cleanup.dispatch import dispatch, send
 from cleanup.exceptions import CleanupError
 from cleanup.models import Chunk, Run
@@ -42,6 +43,8 @@ def replay(
     """
     run = get_run(run_id)
     if new_cutoff is not None:
+        # The key names the instant, not how it was written: one instant is one replay.
+        new_cutoff = frozen_cutoff(new_cutoff, not_before=run.cutoff)
         result = dispatch(
             run.policy,
             scheme=run.scheme,

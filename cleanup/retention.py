@@ -27,43 +27,56 @@ def task_result_retention() -> timedelta:
     return timedelta(days=conf.TASK_RESULT_RETENTION_DAYS)
 
 
-def old_chunks(cutoff: datetime) -> Q:
-    return Q(state__in=Chunk.FINISHED, planned_at__lte=cutoff - ledger_retention())
+# Each deadline is derived from the cutoff once, at dispatch, and frozen with the run.
+def chunk_deadline(cutoff: datetime) -> dict[str, datetime]:
+    return {"planned_before": cutoff - ledger_retention()}
 
 
-def old_runs(cutoff: datetime) -> Q:
-    return Q(state__in=Run.FINISHED, created_at__lte=cutoff - ledger_retention() - RUN_MARGIN)
+def run_deadline(cutoff: datetime) -> dict[str, datetime]:
+    return {"created_before": cutoff - ledger_retention() - RUN_MARGIN}
 
 
-def old_task_results(cutoff: datetime) -> Q:
-    return Q(stopped__lte=cutoff - task_result_retention())
+def task_result_deadline(cutoff: datetime) -> dict[str, datetime]:
+    return {"stopped_before": cutoff - task_result_retention()}
 
 
+def old_chunks(cutoff: datetime, planned_before: datetime) -> Q:
+    return Q(state__in=Chunk.FINISHED, planned_at__lte=planned_before)
+
+
+def old_runs(cutoff: datetime, created_before: datetime) -> Q:
+    return Q(state__in=Run.FINISHED, created_at__lte=created_before)
+
+
+def old_task_results(cutoff: datetime, stopped_before: datetime) -> Q:
+    return Q(stopped__lte=stopped_before)
+
+
+# The worker hands each hook exactly the rows its DELETE removes, locked.
 def roll_up_chunks(doomed: QuerySet) -> None:
-    # Lock first, so the sums are exactly what the DELETE then removes.
-    locked = list(doomed.select_for_update().values_list("pk", flat=True))
-    counters.roll_up(counters.chunk_sums(Chunk.objects.filter(pk__in=locked)))
+    counters.roll_up(counters.chunk_sums(doomed))
 
 
 def roll_up_runs(doomed: QuerySet) -> None:
-    locked = list(doomed.select_for_update().values_list("pk", flat=True))
-    counters.roll_up(counters.run_sums(Run.objects.filter(pk__in=locked)))
+    counters.roll_up(counters.run_sums(doomed))
 
 
 def register_policies() -> None:
     register(Policy(
         name=PURGE_CHUNKS, model_label="cleanup.Chunk", eligible=old_chunks,
+        derive=chunk_deadline,
         observed_field="planned_at", partition_field="run", scheme=RANGE, chunk_size=1000,
         schedule="40 * * * *", eligible_after=ledger_retention, before_delete=roll_up_chunks,
     ))
     register(Policy(
-        name=PURGE_RUNS, model_label="cleanup.Run", eligible=old_runs,
+        name=PURGE_RUNS, model_label="cleanup.Run", eligible=old_runs, derive=run_deadline,
         observed_field="created_at", partition_field="policy", scheme=ITEMS, chunk_size=500,
         schedule="50 * * * *", eligible_after=lambda: ledger_retention() + RUN_MARGIN,
         before_delete=roll_up_runs,
     ))
     register(Policy(
         name=PURGE_TASK_RESULTS, model_label="django_q.Task", eligible=old_task_results,
+        derive=task_result_deadline,
         observed_field="stopped", partition_field="func", scheme=ITEMS, chunk_size=500,
         schedule="55 * * * *", eligible_after=task_result_retention,
     ))

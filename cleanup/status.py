@@ -7,11 +7,13 @@ import uuid
 from django.core.exceptions import ValidationError
 from django.db.models import Count, Sum
 
-from cleanup.exceptions import UnknownRun
+from cleanup.exceptions import CleanupError, UnknownRun
 from cleanup.models import Chunk, Run
 
 
 def get_run(run_id) -> Run:
+    if not str(run_id).strip():
+        raise CleanupError("run id is empty")
     try:
         return Run.objects.get(pk=uuid.UUID(str(run_id)))
     except (ValueError, ValidationError, Run.DoesNotExist):
@@ -46,6 +48,7 @@ def run_summary(run: Run) -> dict:
         "dispatch_key": run.dispatch_key,
         "replay_of": str(run.replay_of_id) if run.replay_of_id else None,
         "cutoff": run.cutoff.isoformat(timespec="microseconds"),
+        "parameters": run.parameters,
         "candidates": run.candidates,
         "chunks_planned": run.chunks_planned,
         "chunk_size": run.chunk_size,

@@ -6,6 +6,7 @@ import logging
 import random
 import time
 import traceback
+from datetime import datetime
 from enum import StrEnum
 
 import structlog
@@ -15,7 +16,7 @@ from django.utils import timezone
 
 from cleanup import ledger, messages
 from cleanup.conf import conf
-from cleanup.exceptions import MalformedMessage, UnknownPolicy
+from cleanup.exceptions import CleanupError, MalformedMessage, UnknownPolicy
 from cleanup.expressions import PairsIn
 from cleanup.messages import ChunkMessage
 from cleanup.models import Chunk
@@ -69,9 +70,12 @@ def apply_chunk(raw) -> Outcome:
             return Outcome.DEAD_LETTERED
 
 
-def delete_statement(policy: Policy, message: ChunkMessage):
-    """Return the queryset whose delete() is the chunk's single conditional DELETE."""
-    rows = policy.eligible_rows(message.cutoff)
+def delete_statement(policy: Policy, message: ChunkMessage, frozen: dict[str, datetime]):
+    """Return the queryset whose delete() is the chunk's single conditional DELETE.
+
+    ``frozen`` is the run's parameters as stored at dispatch, never recomputed.
+    """
+    rows = policy.eligible_rows(frozen)
     if message.items is not None:
         return rows.filter(PairsIn("pk", policy.observed_field, message.items))
     return rows.filter(
@@ -99,8 +103,9 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) ->
             )
             deleted, outcome = 0, Outcome.NOOP
         else:
-            doomed = delete_statement(policy, message)
+            doomed = delete_statement(policy, message, chunk.run.frozen)
             if policy.before_delete is not None:
+                doomed = _locked(doomed)
                 policy.before_delete(doomed)
             deleted, _ = doomed.delete()
             outcome = Outcome.DELETED if deleted else Outcome.NOOP
@@ -120,9 +125,22 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) ->
         logging.DEBUG
     ):
         for pk, observed in message.items:
+            text = observed.isoformat() if isinstance(observed, datetime) else observed
             log.debug("item", run_id=message.run_id, chunk_id=message.chunk_id,
-                      idempotency_key=f"{policy.idempotency_prefix}:{pk}:{observed.isoformat()}")
+                      idempotency_key=f"{policy.idempotency_prefix}:{pk}:{text}")
     return outcome
+
+
+def _locked(doomed):
+    """Lock the rows the DELETE is about to remove and narrow it to exactly those.
+
+    A hook that sums what is deleted (the ledger purge's roll-up) must see the same
+    rows as the DELETE; without the narrowing, a row that became eligible while the lock
+    waited (a chunk committing meanwhile) would be deleted without being summed. It
+    waits for the next run instead.
+    """
+    locked = list(doomed.select_for_update().values_list("pk", flat=True))
+    return doomed.filter(pk__in=locked)
 
 
 def _record_commit(chunk: Chunk, deleted: int, retries: int, elapsed: float) -> None:
@@ -157,11 +175,20 @@ def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
             .first()
         )
         if chunk is None:
-            ledger.record_orphan(raw, f"run {message.run_id} has no chunk {message.chunk_id}")
+            ledger.record_orphan(raw, f"run {message.run_id} has no chunk {message.chunk_id}",
+                                 run_id=message.run_id, chunk_id=message.chunk_id)
             return None
         failure_class = Chunk.FailureClass.MALFORMED
-        if chunk.run.policy != policy.name or chunk.run.cutoff != message.cutoff:
+        run = chunk.run
+        if run.policy != policy.name or run.cutoff != message.cutoff:
             reason = "message policy or cutoff does not match its run"
+        elif message.parameters is not None and message.parameters != run.frozen_parameters:
+            reason = "message parameters do not match the ones its run froze"
+        elif set(run.parameters) != _derived_names(policy, run):
+            reason = (
+                f"run froze parameters {sorted(run.parameters)} but policy {policy.name!r} "
+                f"now derives {sorted(_derived_names(policy, run))}: replay it with a new cutoff"
+            )
         elif not _same_work(raw, message, chunk.message):
             reason = "message items or range differ from the chunk in the ledger"
         elif (
@@ -179,9 +206,24 @@ def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
             deliveries=F("deliveries") + 1, last_delivery_at=timezone.now()
         )
     if reason:
-        ledger.dead_letter(chunk, reason, failure_class)
+        _refuse(raw, chunk, reason, failure_class)
         chunk.state = Chunk.State.DEAD_LETTERED
     return chunk
+
+
+def _derived_names(policy: Policy, run) -> set[str]:
+    try:
+        return set(policy.freeze(run.cutoff)) - {"cutoff"}
+    except CleanupError:
+        return set()
+
+
+def _refuse(raw, chunk: Chunk, reason: str, failure_class: str) -> None:
+    """Dead-letter a chunk for a message it cannot act on; if the chunk had already
+    finished, keep the message where malformed ones are kept, so it leaves a trace."""
+    if not ledger.dead_letter(chunk, reason, failure_class):
+        ledger.record_orphan(raw, f"{reason} (chunk already {chunk.state})",
+                             run_id=str(chunk.run_id), chunk_id=chunk.seq)
 
 
 def _same_work(raw, received: ChunkMessage, ledger_copy: dict) -> bool:
@@ -229,10 +271,10 @@ def _dead_letter_message(raw, exc: Exception) -> Outcome:
             Chunk.objects.select_related("run").filter(run_id=run_id, seq=chunk_id).first()
         )
     if chunk is None:
-        ledger.record_orphan(raw, str(exc))
+        ledger.record_orphan(raw, str(exc), run_id=run_id, chunk_id=chunk_id)
     else:
         Chunk.objects.filter(pk=chunk.pk).update(deliveries=F("deliveries") + 1)
-        ledger.dead_letter(chunk, f"malformed message: {exc}", Chunk.FailureClass.MALFORMED)
+        _refuse(raw, chunk, f"malformed message: {exc}", Chunk.FailureClass.MALFORMED)
     return Outcome.DEAD_LETTERED
 
 

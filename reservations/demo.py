@@ -76,7 +76,7 @@ def run_demo(*, expired: int, active: int, racers: int, timeout: float,
     report.checks = {
         "renewed and confirmed holds survived": survivors == len(renewed) + len(confirmed),
         "no hold eligible at the cutoff is left":
-            not policy.eligible_rows(holds_run.cutoff).exists(),
+            not policy.eligible_rows(holds_run.frozen).exists(),
         "active holds untouched":
             SeatHold.objects.filter(status="held", expires_at__gt=holds_run.cutoff).count()
             >= active,

@@ -21,8 +21,13 @@ def reminder_retention() -> timedelta:
     return timedelta(days=conf.REMINDER_RETENTION_DAYS)
 
 
-def stale_reminders(cutoff: datetime) -> Q:
-    return Q(sent_at__lte=cutoff - reminder_retention())
+def reminder_deadline(cutoff: datetime) -> dict[str, datetime]:
+    """Frozen with the run at dispatch: workers never read the retention setting."""
+    return {"sent_before": cutoff - reminder_retention()}
+
+
+def stale_reminders(cutoff: datetime, sent_before: datetime) -> Q:
+    return Q(sent_at__lte=sent_before)
 
 
 def register_policies() -> None:
@@ -44,6 +49,7 @@ def register_policies() -> None:
             name=PURGE_REMINDERS,
             model_label="reservations.ReminderAttempt",
             eligible=stale_reminders,
+            derive=reminder_deadline,
             observed_field="sent_at",
             partition_field="tenant",
             scheme=RANGE,

@@ -11,7 +11,7 @@ from django_q.signing import SignedPackage
 
 from cleanup import dispatch as dispatch_module
 from cleanup.dispatch import CHUNK_TASK, dispatch
-from cleanup.exceptions import BadCutoff, BadScheme, UnknownPolicy
+from cleanup.exceptions import BadCutoff, BadKey, BadScheme, KeyReused, UnknownPolicy
 from cleanup.models import Chunk, Run
 from reservations.models import SeatHold
 from tests.conftest import chunks_of
@@ -51,12 +51,39 @@ def test_unknown_policy_and_scheme_are_refused(db):
 
 def test_two_dispatches_with_one_key_give_one_run(expired_holds):
     first = dispatch("expire-holds", key="k1")
-    second = dispatch("purge-reminder-attempts", key="k1", scheme="range")
+    second = dispatch("expire-holds", key="k1", scheme="items", cutoff=first.run.cutoff)
 
     assert (first.created, second.created) == (True, False)
     assert second.run.pk == first.run.pk
-    assert second.policy == "expire-holds"
     assert Run.objects.count() == 1
+
+
+@pytest.mark.parametrize("contradiction", [
+    {"policy_name": "purge-reminder-attempts"},
+    {"scheme": "range"},
+    {"cutoff": timezone.now() - timedelta(days=1)},
+])
+def test_a_reused_key_with_a_contradicting_request_is_refused(expired_holds, contradiction):
+    first = dispatch("expire-holds", key="k1").run
+    request = {"policy_name": "expire-holds", **contradiction}
+
+    with pytest.raises(KeyReused, match=f"belongs to run {first.pk}"):
+        dispatch(key="k1", **request)
+    assert list(Run.objects.values_list("pk", flat=True)) == [first.pk]
+
+
+def test_an_unknown_policy_is_refused_even_with_a_used_key(expired_holds):
+    dispatch("expire-holds", key="k1")
+    with pytest.raises(UnknownPolicy):
+        dispatch("no-such-policy", key="k1")
+
+
+@pytest.mark.parametrize("key, error", [("", "empty"), ("   ", "empty"),
+                                        ("k" * 256, "256 characters long; the limit is 255")])
+def test_an_empty_or_overlong_key_is_refused_and_nothing_written(expired_holds, key, error):
+    with pytest.raises(BadKey, match=error):
+        dispatch("expire-holds", key=key)
+    assert (Run.objects.count(), OrmQ.objects.count()) == (0, 0)
 
 
 def test_run_chunks_and_queue_messages_commit_together(expired_holds, chunk_size):
@@ -87,7 +114,7 @@ def test_items_chunks_carry_pk_and_observed_expiry(expired_holds, section):
     (chunk,) = chunks_of(result.run)
     expected = [[h.pk, h.expires_at.isoformat()] for h in expired_holds]
     assert chunk.message["items"] == expected
-    assert chunk.message["version"] == 2
+    assert (chunk.message["version"], chunk.message["parameters"]) == (3, {})
     assert result.candidates == 5
 
 

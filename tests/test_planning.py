@@ -35,10 +35,10 @@ def test_ranges_cover_eligible_ids_once_within_their_bounds(rows, size, max_span
         for t, stale in rows
     )
     eligible = {}
-    for attempt in policy.eligible_rows(now):
+    for attempt in policy.eligible_rows(policy.freeze(now)):
         eligible.setdefault(attempt.tenant_id, []).append(attempt.pk)
 
-    chunks = list(plan_ranges(policy, now, size, max_span))
+    chunks = list(plan_ranges(policy, policy.freeze(now), size, max_span))
 
     by_tenant = {}
     for chunk in chunks:

@@ -239,14 +239,14 @@ def test_unidentifiable_bad_message_is_kept_as_orphan(db, raw, reason):
 
 def test_unknown_version_is_dead_lettered_with_its_run_identified(expired_holds):
     chunk = only_chunk(dispatch("expire-holds").run)
-    message = {**chunk.message, "version": 3}
+    message = {**chunk.message, "version": 99}
 
     assert apply_chunk(message) == Outcome.DEAD_LETTERED
 
     chunk.refresh_from_db()
     assert chunk.state == Chunk.State.DEAD_LETTERED
     assert chunk.failure_class == Chunk.FailureClass.MALFORMED
-    assert "unknown message version 3" in chunk.last_error
+    assert "unknown message version 99" in chunk.last_error
     assert chunk.run.state == Run.State.COMPLETED_WITH_DEAD_LETTERS
     assert SeatHold.objects.count() == 5
 

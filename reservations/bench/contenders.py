@@ -63,7 +63,7 @@ def single_delete(policy: Policy, timeout: float) -> Result:
     with CaptureQueriesContext(connection) as captured:
         started = time.perf_counter()
         with transaction.atomic():
-            deleted, _ = policy.eligible_rows(cutoff).delete()
+            deleted, _ = policy.eligible_rows(policy.freeze(cutoff)).delete()
         seconds = time.perf_counter() - started
     sent = [q["sql"] for q in captured.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
     statements = sum(sql.startswith("DELETE") for sql in sent)
@@ -147,7 +147,7 @@ def handwritten_unnest(policy: Policy, timeout: float) -> Result:
 def one_task_per_row(sample: int):
     def contender(policy: Policy, timeout: float) -> Result:
         cutoff = timezone.now()
-        rows = list(policy.eligible_rows(cutoff).order_by("?").values_list(
+        rows = list(policy.eligible_rows(policy.freeze(cutoff)).order_by("?").values_list(
             "pk", policy.observed_field)[:sample])
         ids = [pk for pk, _ in rows]
         started = time.perf_counter()
@@ -156,7 +156,7 @@ def one_task_per_row(sample: int):
                 async_task("reservations.bench.tasks.expire_one", pk, observed.isoformat(),
                            cutoff.isoformat(), group="bench-one-task-per-row")
         # Holds a learner renewed meanwhile are no longer eligible, and stay.
-        left = policy.eligible_rows(cutoff).filter(pk__in=ids)
+        left = policy.eligible_rows(policy.freeze(cutoff)).filter(pk__in=ids)
         _wait(lambda: not left.exists(), timeout, "the per-row tasks")
         seconds = time.perf_counter() - started
         _wait(lambda: get_broker().queue_size() == 0, timeout, "the queue to drain")

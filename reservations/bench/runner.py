@@ -91,7 +91,7 @@ def _measure(contender, policy, timeout: float) -> Result:
     )
     if not result.extrapolated:
         result.checks["no hold expired at the start is left"] = not policy.eligible_rows(
-            started_at).exists()
+            policy.freeze(started_at)).exists()
     return result
 
 

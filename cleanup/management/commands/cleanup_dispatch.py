@@ -28,7 +28,7 @@ class Command(CleanupCommand):
         result = dispatch(
             policy,
             scheme=scheme,
-            cutoff=parse_cutoff(cutoff) if cutoff else None,
+            cutoff=None if cutoff is None else parse_cutoff(cutoff),
             key=key,
             trigger=Run.Trigger.COMMAND,
             sync=sync,

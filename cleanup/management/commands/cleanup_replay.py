@@ -20,12 +20,12 @@ class Command(CleanupCommand):
                             "and not before the run's own cutoff.")
 
     def run(self, *, run_id, chunks, new_cutoff, **options) -> dict:
-        if chunks and new_cutoff:
+        if chunks and new_cutoff is not None:
             raise CleanupError("--chunk and --new-cutoff cannot be combined")
         result = replay(
             run_id,
             chunk_ids=chunks,
-            new_cutoff=parse_cutoff(new_cutoff) if new_cutoff else None,
+            new_cutoff=None if new_cutoff is None else parse_cutoff(new_cutoff, "new cutoff"),
             trigger=Run.Trigger.REPLAY,
         )
         return {

@@ -10,7 +10,7 @@ class Command(CleanupCommand):
         parser.add_argument("--run", help="Run id; default: the latest run.")
 
     def run(self, *, run, **options) -> dict:
-        return run_summary(get_run(run) if run else latest_run())
+        return run_summary(latest_run() if run is None else get_run(run))
 
     def describe(self, result: dict, verbosity: int) -> str:
         chunks = ", ".join(f"{state} {n}" for state, n in result["chunks"].items()
