@@ -8,8 +8,9 @@ from django.db import DEFAULT_DB_ALIAS, router
 from django.db.models.deletion import Collector
 from django.utils import timezone
 
-from cleanup.conf import conf
-from cleanup.policies import all_policies
+from cleanup.conf import conf, invalid_metrics_networks, metrics_networks
+from cleanup.exceptions import CleanupError
+from cleanup.policies import RANGE, all_policies
 
 
 @checks.register(checks.Tags.database, checks.Tags.compatibility)
@@ -61,6 +62,33 @@ def check_queue_settings(app_configs=None, **kwargs):
     return errors
 
 
+@checks.register(checks.Tags.security)
+def check_metrics_networks(app_configs=None, **kwargs):
+    return [
+        checks.Error(
+            f"CLEANUP_METRICS_ALLOWED_NETWORKS has {entry!r}, which is not a network.",
+            hint="Give CIDR networks such as 10.0.0.0/8 or 10.0.0.7/32 (no host bits set "
+            "below the prefix). Scrapes from it are refused until it is fixed.",
+            id="cleanup.E007",
+        )
+        for entry in invalid_metrics_networks()
+    ]
+
+
+@checks.register(checks.Tags.security, deploy=True)
+def check_metrics_access(app_configs=None, **kwargs):
+    if metrics_networks() or conf.METRICS_TOKEN:
+        return []
+    return [
+        checks.Warning(
+            "Nobody can scrape /metrics: neither CLEANUP_METRICS_ALLOWED_NETWORKS nor "
+            "CLEANUP_METRICS_TOKEN is set.",
+            hint="Allow the Prometheus servers' networks, or set a bearer token they send.",
+            id="cleanup.W002",
+        )
+    ]
+
+
 @checks.register(checks.Tags.models)
 def check_policies(app_configs=None, **kwargs):
     errors = []
@@ -75,6 +103,18 @@ def check_policies(app_configs=None, **kwargs):
                 )
             )
             continue
+        except (CleanupError, TypeError) as exc:
+            errors.append(
+                checks.Error(
+                    f"Policy {policy.name!r} cannot build its predicate at the current time: "
+                    f"{exc}",
+                    hint="eligible() takes the cutoff and every name derive() returns, and "
+                    "derive() must give instants PostgreSQL can store (check retention "
+                    "settings).",
+                    id="cleanup.E009",
+                )
+            )
+            continue
         using = router.db_for_write(policy.model)
         if not Collector(using=using, origin=rows).can_fast_delete(rows):
             errors.append(
@@ -86,6 +126,16 @@ def check_policies(app_configs=None, **kwargs):
                     "CASCADE/SET_NULL foreign keys pointing at this model.",
                     obj=policy.model,
                     id="cleanup.E004",
+                )
+            )
+        if policy.scheme == RANGE and not policy.has_integer_key:
+            errors.append(
+                checks.Error(
+                    f"Policy {policy.name!r} uses range chunks, but the primary key of "
+                    f"{policy.model_label} is a {type(policy.model._meta.pk).__name__}.",
+                    hint="Range chunks are intervals of integer keys; use scheme='items'.",
+                    obj=policy.model,
+                    id="cleanup.E008",
                 )
             )
         if len(rows.query.alias_map) > 1:

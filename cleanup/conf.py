@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 from datetime import timedelta
+from functools import lru_cache
 
 from django.conf import settings
 
@@ -61,6 +63,37 @@ class PrefixedSettings:
 
 
 conf = PrefixedSettings("CLEANUP", DEFAULTS)
+
+
+def metrics_networks() -> tuple:
+    """The networks allowed to scrape /metrics, parsed once per value of the setting.
+
+    Entries are stripped; one that is not a network is left out (and named by system
+    check cleanup.E007), so a typo never turns a scrape into an error.
+    """
+    return parse_networks(_entries(conf.METRICS_ALLOWED_NETWORKS))[0]
+
+
+def _entries(setting) -> tuple[str, ...]:
+    if isinstance(setting, str):
+        setting = setting.split(",")
+    return tuple(str(entry).strip() for entry in setting if str(entry).strip())
+
+
+@lru_cache(maxsize=16)
+def parse_networks(entries: tuple[str, ...]) -> tuple[tuple, tuple[str, ...]]:
+    """Return (networks, entries that are not networks); host bits count as a mistake."""
+    networks, invalid = [], []
+    for entry in entries:
+        try:
+            networks.append(ipaddress.ip_network(entry))
+        except ValueError:
+            invalid.append(entry)
+    return tuple(networks), tuple(invalid)
+
+
+def invalid_metrics_networks() -> tuple[str, ...]:
+    return parse_networks(_entries(conf.METRICS_ALLOWED_NETWORKS))[1]
 
 
 def lease() -> timedelta:

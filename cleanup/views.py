@@ -16,7 +16,7 @@ from prometheus_client import (
 )
 
 from cleanup import health as health_report
-from cleanup.conf import conf
+from cleanup.conf import conf, metrics_networks
 from cleanup.metrics import ledger_collector
 
 
@@ -47,7 +47,7 @@ def scraper_allowed(request) -> bool:
         client = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
     except ValueError:
         return False
-    return any(client in ipaddress.ip_network(net) for net in conf.METRICS_ALLOWED_NETWORKS)
+    return any(client in network for network in metrics_networks())
 
 
 def health(request):

@@ -139,7 +139,8 @@ def _locked(doomed):
     waited (a chunk committing meanwhile) would be deleted without being summed. It
     waits for the next run instead.
     """
-    locked = list(doomed.select_for_update().values_list("pk", flat=True))
+    # In pk order and without the model's default ordering, which joins the run.
+    locked = list(doomed.select_for_update().order_by("pk").values_list("pk", flat=True))
     return doomed.filter(pk__in=locked)
 
 

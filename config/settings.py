@@ -4,6 +4,9 @@ Two profiles. The default one needs nothing but an optional DATABASE_URL (withou
 it an embedded PostgreSQL starts under .data/); it has an insecure development key
 and DEBUG off. DJANGO_PROFILE=production requires DJANGO_SECRET_KEY and
 DJANGO_ALLOWED_HOSTS and turns on secure cookies.
+
+A variable that cannot be read raises ImproperlyConfigured naming it; manage.py prints
+that as one line and exits non-zero.
 """
 
 from __future__ import annotations
@@ -24,17 +27,39 @@ if PROFILE not in {"default", "production"}:
     raise ImproperlyConfigured(f"DJANGO_PROFILE must be 'default' or 'production', not {PROFILE!r}")
 PRODUCTION = PROFILE == "production"
 
+
+def _env_number(name: str, default, kind=float):
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return kind(value)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise ImproperlyConfigured(f"{name} must be {what}, not {value!r}") from None
+
+
+def _env_list(name: str) -> list[str]:
+    """A comma-separated variable, each entry stripped, empty entries dropped."""
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
 DEBUG = False
 if PRODUCTION:
     SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
     if not SECRET_KEY:
         raise ImproperlyConfigured("DJANGO_SECRET_KEY is required in the production profile.")
-    ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "").split(",") if h]
+    ALLOWED_HOSTS = _env_list("DJANGO_ALLOWED_HOSTS")
+    if not ALLOWED_HOSTS:
+        raise ImproperlyConfigured(
+            "DJANGO_ALLOWED_HOSTS is required in the production profile "
+            "(comma-separated host names, e.g. cleanup.example.edu)."
+        )
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_CONTENT_TYPE_NOSNIFF = True
     SECURE_SSL_REDIRECT = os.environ.get("DJANGO_SSL_REDIRECT", "1") != "0"
-    SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", 31_536_000))
+    SECURE_HSTS_SECONDS = _env_number("DJANGO_HSTS_SECONDS", 31_536_000, int)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
     X_FRAME_OPTIONS = "DENY"
@@ -42,9 +67,8 @@ if PRODUCTION:
         # The proxy terminates TLS and says so in this header.
         SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     # /metrics: the networks allowed to scrape (comma-separated CIDRs) and/or a token.
-    CLEANUP_METRICS_ALLOWED_NETWORKS = [
-        n for n in os.environ.get("METRICS_ALLOWED_NETWORKS", "").split(",") if n
-    ]
+    # System check cleanup.E007 refuses an entry that is not a network.
+    CLEANUP_METRICS_ALLOWED_NETWORKS = _env_list("METRICS_ALLOWED_NETWORKS")
     CLEANUP_METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 else:
     SECRET_KEY = "insecure-development-key-do-not-use-in-production"
@@ -93,8 +117,13 @@ TEMPLATES = [
     },
 ]
 
-if os.environ.get("DATABASE_URL"):
-    _database = dj_database_url.parse(os.environ["DATABASE_URL"])
+if os.environ.get("DATABASE_URL", "").strip():
+    try:
+        _database = dj_database_url.parse(os.environ["DATABASE_URL"].strip())
+    except ValueError as exc:
+        raise ImproperlyConfigured(
+            f"DATABASE_URL cannot be read ({exc}); expected postgres://user@host:port/name"
+        ) from None
 else:
     _database = embedded_database(BASE_DIR / ".data" / "postgres")
 # Persistent connections with health checks, and no psycopg pool: qcluster forks its
@@ -109,11 +138,6 @@ LANGUAGE_CODE = "en-us"
 USE_I18N = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / ".data" / "static"
-
-
-def _env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    return float(value) if value else default
 
 
 # django-q2 with the ORM broker on the models' own alias, so a run, its chunks and
@@ -136,15 +160,15 @@ def _env_float(name: str, default: float) -> float:
 Q_CLUSTER = {
     "name": os.environ.get("Q_CLUSTER_QUEUE", "cleanup"),
     "orm": "default",
-    "workers": int(_env_float("Q_WORKERS", 2)),
-    "timeout": int(_env_float("Q_TIMEOUT", 120)),
-    "retry": int(_env_float("Q_RETRY", 180)),
-    "poll": _env_float("Q_POLL", 0.2),
-    "bulk": int(_env_float("Q_BULK", 1)),
+    "workers": _env_number("Q_WORKERS", 2, int),
+    "timeout": _env_number("Q_TIMEOUT", 120, int),
+    "retry": _env_number("Q_RETRY", 180, int),
+    "poll": _env_number("Q_POLL", 0.2),
+    "bulk": _env_number("Q_BULK", 1, int),
     "catch_up": False,
     "max_attempts": 0,
     "ack_failures": False,
-    "save_limit": int(_env_float("Q_SAVE_LIMIT", -1)),
+    "save_limit": _env_number("Q_SAVE_LIMIT", -1, int),
     "label": "Task queue",
 }
 if os.environ.get("Q_BROKER", "orm") == "redis":

@@ -7,6 +7,10 @@ class ReservationsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.db.backends.signals import connection_created
+
         from reservations.policies import register_policies
+        from reservations.timestamps import install_loaders
 
         register_policies()
+        connection_created.connect(install_loaders, dispatch_uid="reservations.timestamps")

@@ -41,10 +41,7 @@ def seed(*, tenants: int, expired: int, active: int, confirmed: int, reminders: 
     window = conf.HOLD_MINUTES * 60
     retention = conf.REMINDER_RETENTION_DAYS * day
     with transaction.atomic():
-        start = Tenant.objects.count()
-        created = Tenant.objects.bulk_create(
-            Tenant(name=f"Institution {start + i + 1}") for i in range(tenants)
-        )
+        created = Tenant.objects.bulk_create(Tenant(name=name) for name in _free_names(tenants))
         sections = Section.objects.bulk_create(
             Section(tenant=t, title=f"{t.name} section {n + 1}", capacity=1_000_000)
             for t in created
@@ -73,6 +70,17 @@ def seed(*, tenants: int, expired: int, active: int, confirmed: int, reminders: 
             cursor.execute(f'ANALYZE "{model._meta.db_table}"')
     return {"tenants": tenants, "sections": len(sections), "expired": expired,
             "active": active, "confirmed": confirmed, "reminders": reminders}
+
+
+def _free_names(count: int) -> list[str]:
+    """The first ``count`` names "Institution N" no tenant has (some may have been deleted)."""
+    taken = set(Tenant.objects.values_list("name", flat=True))
+    names, number = [], 0
+    while len(names) < count:
+        number += 1
+        if (name := f"Institution {number}") not in taken:
+            names.append(name)
+    return names
 
 
 def _batches(cursor, what, count, progress, sql, params) -> None:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import connection, connections, transaction
+from django.utils import timezone
 from django_q.models import OrmQ
 
 from cleanup.dispatch import dispatch
@@ -230,3 +232,44 @@ def test_cancel_while_a_chunk_commits_keeps_its_work_and_cancels_the_rest(chunk_
     states = dict(run.chunks.values_list("seq", "state"))
     assert states == {1: "committed", 2: "cancelled"}
     assert list(SeatHold.objects.values_list("pk", flat=True)) == [holds[1].pk]
+
+
+def test_a_chunk_committing_while_the_ledger_purge_waits_is_never_lost_from_counters(
+        chunk_size):
+    """The interleaving that once took cleanup_rows_deleted_total from 100 to 80: the
+    purge locks and sums its rows, waits on one lock, and meanwhile another chunk in its
+    range commits. The DELETE must remove only what was summed."""
+    from cleanup.counters import all_sums
+    from cleanup.retention import PURGE_CHUNKS
+
+    chunk_size("expire-holds", 1)
+    holds = SeatHoldFactory.create_batch(3, expired=True)
+    run = dispatch("expire-holds").run
+    first, middle, last = run.chunks.order_by("pk")
+    for done in (first, last):
+        assert apply_chunk(done.message) == Outcome.DELETED
+    run.chunks.update(planned_at=timezone.now() - timedelta(days=40))
+    purge = dispatch(PURGE_CHUNKS).run.chunks.get()
+    assert (purge.message["start_id"], purge.message["end_id"]) == (first.pk, last.pk + 1)
+
+    locked_last, release_last = threading.Event(), threading.Event()
+    holder = Worker(hold_lock_while, last.pk, locked_last, release_last,
+                    lambda pk: Chunk.objects.select_for_update().get(pk=pk))
+    holder.start()
+    assert locked_last.wait(10)
+    blocker, committing, release_hold = blocked_delivery(middle, holds[1].pk)
+    purging = Worker(apply_chunk, purge.message)
+    purging.start()
+    wait_for(lambda: waiting_statements('SELECT "cleanup_chunk"."id"') == 1,
+             what="the purge to wait on a lock")
+
+    release_hold.set()  # the middle chunk commits while the purge waits
+    blocker.outcome()
+    assert committing.outcome() == Outcome.DELETED
+    release_last.set()
+    holder.outcome()
+    assert purging.outcome() == Outcome.DELETED
+
+    assert all_sums()["expire-holds"]["rows_deleted"] == 3
+    assert list(Chunk.objects.filter(run=run).values_list("pk", "state")) == [
+        (middle.pk, Chunk.State.COMMITTED)]

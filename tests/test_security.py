@@ -127,7 +127,8 @@ def test_csrf_is_enforced_on_actions(world):
 
 def test_production_profile_passes_the_deploy_checks():
     env = subprocess_env(DJANGO_PROFILE="production", DJANGO_SECRET_KEY=secrets.token_urlsafe(50),
-                         DJANGO_ALLOWED_HOSTS="cleanup.example.org")
+                         DJANGO_ALLOWED_HOSTS="cleanup.example.org",
+                         METRICS_ALLOWED_NETWORKS="10.0.0.0/8")
     result = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
