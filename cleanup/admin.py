@@ -18,6 +18,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import ngettext
 
+from cleanup import health as health_report
 from cleanup import operations, sizing
 from cleanup.conf import lease
 from cleanup.dispatch import dispatch
@@ -447,6 +448,7 @@ class CleanupOverviewAdmin(LedgerAdmin):
             "title": "Cleanup overview",
             "opts": self.opts,
             "policies": overview(),
+            "clusters": health_report.report()[1].get("clusters", []),
             "lease": lease(),
         }
         return TemplateResponse(request, "admin/cleanup/cleanupoverview/overview.html",

@@ -6,7 +6,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import structlog
 from django.db import IntegrityError, connection, connections, transaction
@@ -45,6 +45,7 @@ class DispatchResult:
     candidates: int
     chunks: int
     dry_run: bool = False
+    coalesced: bool = False  # the run in flight that took this request
 
 
 def dispatch(
@@ -57,13 +58,16 @@ def dispatch(
     replay_of: Run | None = None,
     sync: bool = False,
     dry_run: bool = False,
+    coalesce_within: timedelta | None = None,
 ) -> DispatchResult:
     """Create the run for ``key`` (or return the one that has it) and send its chunks.
 
     A key names one request: reusing it for the same policy returns its run; for another
     policy, or with a scheme or cutoff that contradicts the run, it is refused. Every
     input is checked before anything is written. ``sync`` applies the chunks in this
-    process instead of the queue.
+    process instead of the queue. With ``coalesce_within``, a running run of the policy
+    started that recently is returned instead of a new one (checked under the policy's
+    planning lock, so concurrent requests cannot both miss it).
     """
     policy = get_policy(policy_name)
     requested_scheme, scheme = scheme, check_scheme(scheme, policy)
@@ -89,6 +93,11 @@ def dispatch(
     try:
         with transaction.atomic():
             _lock_policy(policy)
+            if coalesce_within is not None and (in_flight := _in_flight(policy,
+                                                                        coalesce_within)):
+                return DispatchResult(in_flight, False, policy.name, in_flight.scheme,
+                                      in_flight.cutoff, in_flight.candidates,
+                                      in_flight.chunks_planned, coalesced=True)
             run = Run.objects.create(
                 policy=policy.name,
                 dispatch_key=key,
@@ -269,6 +278,15 @@ def _message(run: Run, seq: int, planned: PlannedChunk) -> dict:
     if planned.items is not None:
         return messages.items_message(run, seq, planned.items)
     return messages.range_message(run, seq, planned.partition, planned.start_id, planned.end_id)
+
+
+def _in_flight(policy: Policy, within: timedelta) -> Run | None:
+    return (
+        Run.objects.filter(policy=policy.name, state=Run.State.RUNNING,
+                           created_at__gte=timezone.now() - within)
+        .order_by("-created_at")
+        .first()
+    )
 
 
 def _lock_policy(policy: Policy) -> None:

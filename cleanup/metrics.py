@@ -16,9 +16,10 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 
+from cleanup.conf import conf
 from cleanup.counters import DURATION_BUCKETS_MS, ROWS_BUCKETS, all_sums
 from cleanup.models import Chunk, OrphanMessage, Run, WorkerHeartbeat
-from cleanup.overview import policy_overview
+from cleanup.overview import backlog_age_limit, policy_overview
 from cleanup.policies import all_policies
 
 UNKNOWN_POLICY = "unknown"
@@ -137,14 +138,31 @@ class LedgerCollector:
                 labels=["policy"]),
             "stalled": GaugeMetricFamily(
                 "cleanup_stalled_chunks",
-                "Unfinished chunks with no delivery activity for longer than the lease.",
+                "Chunks unfinished for longer than the lease since they were sent "
+                "(whatever deliveries were attempted).",
+                labels=["policy"]),
+            "undispatched": GaugeMetricFamily(
+                "cleanup_undispatched_slots",
+                "Schedule slots the scheduler fired longer than the lease ago that no "
+                "worker has dispatched (stalled work, not a missed schedule).",
                 labels=["policy"]),
             "ack": GaugeMetricFamily(
                 "cleanup_chunks_awaiting_ack", "Chunks committed but not acknowledged.",
                 labels=["policy"]),
             "lag": GaugeMetricFamily(
                 "cleanup_schedule_lag_seconds",
-                "Seconds since the newest due schedule slot that has no run (0 when on time).",
+                "Seconds since the first slot after the scheduler's last firing (or the "
+                "schedule's installation) fell due; 0 while the scheduler is on time. "
+                "Grows for as long as the scheduler fires nothing.",
+                labels=["policy"]),
+            "grace": GaugeMetricFamily(
+                "cleanup_schedule_grace_seconds",
+                "Schedule lag past which a slot counts as missed (CLEANUP_SCHEDULE_GRACE_SECONDS).",
+                labels=["policy"]),
+            "limit": GaugeMetricFamily(
+                "cleanup_backlog_age_limit_seconds",
+                "Oldest-eligible age past which the policy's backlog is too old: two "
+                "schedule periods plus the lease.",
                 labels=["policy"]),
             "success": GaugeMetricFamily(
                 "cleanup_last_success_timestamp_seconds",
@@ -159,7 +177,11 @@ class LedgerCollector:
             gauges["unfinished"].add_metric(label, _seconds(view.oldest_unfinished_age))
             gauges["stalled"].add_metric(label, view.stalled_chunks)
             gauges["ack"].add_metric(label, view.awaiting_ack)
-            gauges["lag"].add_metric(label, view.schedule.lag.total_seconds())
+            gauges["undispatched"].add_metric(label, view.schedule.undispatched)
+            if view.schedule.installed:
+                gauges["lag"].add_metric(label, view.schedule.lag.total_seconds())
+                gauges["grace"].add_metric(label, conf.SCHEDULE_GRACE_SECONDS)
+                gauges["limit"].add_metric(label, backlog_age_limit(view.schedule).total_seconds())
             if view.last_success is not None:
                 gauges["success"].add_metric(label, view.last_success.finished_at.timestamp())
         yield from gauges.values()

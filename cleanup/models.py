@@ -188,6 +188,52 @@ class OrphanMessage(models.Model):
         return f"orphan message {self.pk}"
 
 
+class Slot(models.Model):
+    """One firing of a policy's schedule: the trigger ledger.
+
+    Written by the scheduler process when it enqueues the slot's dispatch task (so
+    "the scheduler fired" is a fact of its own), then by the dispatch task with what
+    the slot did. A fired slot nobody dispatched points at the workers, not the
+    scheduler.
+    """
+
+    class Outcome(models.TextChoices):
+        FIRED = "fired", "Fired, waiting for a worker to dispatch it"
+        STARTED = "started", "Started a run"
+        COALESCED = "coalesced", "Coalesced into a run in flight"
+
+    policy = models.CharField(max_length=100)
+    slot_at = models.DateTimeField(help_text="The time the schedule meant to fire.")
+    fired_at = models.DateTimeField(default=timezone.now)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, default=Outcome.FIRED)
+    # No constraint: the ledger purge removes runs in one statement.
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.DO_NOTHING,
+                            db_constraint=False, related_name="slots")
+
+    class Meta:
+        ordering = ["-slot_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["policy", "slot_at"], name="slot_unique_per_policy")
+        ]
+        indexes = [models.Index(fields=["policy", "-fired_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.policy} slot {self.slot_at.isoformat()}"
+
+
+class ScheduleInstall(models.Model):
+    """When a policy's schedule was installed or its cron last changed: no slot before
+    this can have been missed."""
+
+    policy = models.CharField(max_length=100, unique=True)
+    cron = models.CharField(max_length=100)
+    installed_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.policy} ({self.cron}) since {self.installed_at.isoformat()}"
+
+
 class CleanupOverview(Run):
     """The admin's "Cleanup overview" page; a proxy so the admin index links to it."""
 

@@ -1,8 +1,9 @@
 """Per-policy health read from the ledger: backlog, stalled work, missed schedules.
 
-"Missed schedule" (no run for a slot that is due) and "stalled work" (chunks sent but
-not finished within the lease) are separate signals with separate owners: the first
-points at the scheduler, the second at workers or the database.
+"Missed schedule" (the scheduler did not fire a slot that is due) and "stalled work"
+(chunks sent, or slots fired, and not finished within the lease) are separate signals
+with separate owners: the first points at the scheduler, the second at workers or the
+database (see cleanup.triggers).
 """
 
 from __future__ import annotations
@@ -17,21 +18,24 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django_q.models import Schedule
 
+from cleanup import triggers
 from cleanup.conf import conf, lease
 from cleanup.expressions import Clamped
 from cleanup.models import Chunk, Run
 from cleanup.policies import Policy, all_policies
-from cleanup.schedules import NAME_PREFIX, schedule_key
+from cleanup.schedules import NAME_PREFIX
 
 
 @dataclass(frozen=True)
 class ScheduleStatus:
     installed: bool
     cron: str | None = None
-    next_run: datetime | None = None
-    due_slot: datetime | None = None
+    next_slot: datetime | None = None  # the next slot from now
+    expected_slot: datetime | None = None  # the first slot the scheduler has not fired
     lag: timedelta = timedelta(0)
     missed: bool = False
+    undispatched: int = 0  # slots fired but taken by no worker within the lease
+    period: timedelta | None = None
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,8 @@ class PolicyOverview:
 
     @property
     def stalled(self) -> bool:
-        return self.stalled_chunks > 0
+        """Work that was handed over and is not getting done: chunks, or fired slots."""
+        return self.stalled_chunks > 0 or self.schedule.undispatched > 0
 
 
 def overview(now: datetime | None = None) -> list[PolicyOverview]:
@@ -77,11 +82,13 @@ def policy_overview(policy: Policy, now: datetime, *, exact: bool = True) -> Pol
     unfinished = Q(state__in=Chunk.UNFINISHED)
     chunks = (
         Chunk.objects.filter(run__policy=policy.name)
-        .alias(last_seen=Coalesce("last_delivery_at", "enqueued_at", "planned_at"))
+        # Stalled: unfinished for longer than the lease since it was (re)sent, however
+        # many deliveries started meanwhile (one stuck on row locks keeps starting).
+        .alias(sent_at=Coalesce("enqueued_at", "planned_at"))
         .aggregate(
             unfinished=Count("pk", filter=unfinished),
             oldest_unfinished=Min("planned_at", filter=unfinished),
-            stalled=Count("pk", filter=unfinished & Q(last_seen__lt=now - lease())),
+            stalled=Count("pk", filter=unfinished & Q(sent_at__lt=now - lease())),
             awaiting_ack=Count("pk", filter=Q(state=Chunk.State.COMMITTED)),
             dead=Count("pk", filter=Q(state=Chunk.State.DEAD_LETTERED)),
         )
@@ -108,28 +115,33 @@ def policy_overview(policy: Policy, now: datetime, *, exact: bool = True) -> Pol
 
 
 def schedule_status(policy: Policy, now: datetime) -> ScheduleStatus:
-    """Whether the newest slot that is due has its run."""
+    """Whether the scheduler fires the policy's slots, from the trigger ledger."""
     if policy.schedule is None:
         return ScheduleStatus(installed=False)
     schedule = Schedule.objects.filter(name=f"{NAME_PREFIX}{policy.name}").first()
     if schedule is None:
         return ScheduleStatus(installed=False, cron=policy.schedule)
-    due_slot = croniter(schedule.cron, now).get_prev(datetime)
-    # A slot is served by its own run, or skipped because a run was in flight then.
-    served = Run.objects.filter(
-        Q(dispatch_key=schedule_key(policy.name, due_slot))
-        | Q(policy=policy.name, created_at__lte=due_slot)
-        & (Q(finished_at__isnull=True) | Q(finished_at__gte=due_slot))
-    ).exists()
-    lag = timedelta(0) if served else now - due_slot
+    lag = triggers.schedule_lag(policy.name, schedule.cron, now)
     return ScheduleStatus(
         installed=True,
         cron=schedule.cron,
-        next_run=schedule.next_run,
-        due_slot=due_slot,
-        lag=lag,
-        missed=lag > timedelta(seconds=conf.SCHEDULE_GRACE_SECONDS),
+        next_slot=croniter(schedule.cron, now).get_next(datetime),
+        expected_slot=lag.expected_slot,
+        lag=lag.lag,
+        missed=lag.lag > timedelta(seconds=conf.SCHEDULE_GRACE_SECONDS),
+        undispatched=triggers.undispatched(policy.name, now),
+        period=triggers.period(schedule.cron, now),
     )
+
+
+def backlog_age_limit(schedule: ScheduleStatus) -> timedelta | None:
+    """How old the oldest eligible row may get before the backlog is too old.
+
+    Two schedule periods (a row that became eligible just after a run waits one period
+    for the next, and that run may take a while) plus the lease (how long a chunk may
+    take before it counts as stalled).
+    """
+    return 2 * schedule.period + lease() if schedule.period else None
 
 
 def planner_estimate(queryset) -> int:

@@ -1,16 +1,20 @@
-"""Record the broker's acknowledgement of a chunk on its ledger row."""
+"""django-q2 signals: the broker's acknowledgement of a chunk, and the scheduler's
+firing of a slot."""
 
 from __future__ import annotations
+
+from datetime import datetime
 
 import structlog
 from django.db import DatabaseError
 from django.dispatch import receiver
 from django.utils import timezone
-from django_q.signals import post_execute
+from django_q.signals import post_execute, pre_enqueue
 
-from cleanup import messages
+from cleanup import messages, triggers
 from cleanup.dispatch import CHUNK_TASK
 from cleanup.models import Chunk
+from cleanup.schedules import DISPATCH_TASK
 
 log = structlog.get_logger("cleanup.receivers")
 
@@ -36,3 +40,19 @@ def record_acknowledgement(sender, task, **kwargs) -> None:
         # chunk stays committed, which reads as "awaiting acknowledgement".
         log.warning("acknowledgement not recorded", run_id=run_id, chunk_id=chunk_id,
                     error=str(exc))
+
+
+@receiver(pre_enqueue, dispatch_uid="cleanup.record_slot_fired")
+def record_slot_fired(sender, task, **kwargs) -> None:
+    """Record a schedule slot in the trigger ledger as the scheduler enqueues it.
+
+    This runs in the scheduler process, inside its transaction: the slot is recorded
+    exactly when its task is, whether or not a worker ever runs it. An error here
+    fails that transaction and the scheduler tries the slot again on its next pass.
+    """
+    if task.get("func") != DISPATCH_TASK:
+        return
+    arguments = task.get("kwargs") or {}
+    if "policy" in arguments and "scheduled_for" in arguments:
+        slot_at = datetime.fromisoformat(arguments["scheduled_for"])
+        triggers.record_fire(arguments["policy"], slot_at)

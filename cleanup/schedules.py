@@ -7,12 +7,12 @@ from datetime import datetime
 
 import structlog
 from django.db import transaction
-from django.utils import timezone
 from django_q.models import Schedule
 
+from cleanup import triggers
 from cleanup.conf import lease
 from cleanup.dispatch import dispatch
-from cleanup.models import Run
+from cleanup.models import Run, Slot
 from cleanup.policies import all_policies
 
 log = structlog.get_logger("cleanup.schedules")
@@ -75,6 +75,9 @@ def install_schedules() -> ScheduleChanges:
                 changes.updated.append(name)
             else:
                 changes.unchanged.append(name)
+                continue
+            if spec["func"] == DISPATCH_TASK:
+                triggers.record_install(name.removeprefix(NAME_PREFIX), spec["cron"])
         for name in sorted(existing.keys() - wanted.keys()):
             existing[name].delete()
             changes.removed.append(name)
@@ -85,25 +88,22 @@ def schedule_key(policy: str, slot: datetime) -> str:
     return f"schedule:{policy}:{slot.isoformat()}"
 
 
-def dispatch_slot(policy: str, slot: datetime) -> Run | None:
-    """Start the run of one schedule slot, keyed by the slot.
+def dispatch_slot(policy: str, slot: datetime) -> Run:
+    """Start the run of one fired schedule slot, keyed by the slot, or join one in flight.
 
-    Skipped while a run of the policy started within the lease is still running: it
-    would plan the rows already in flight again. A run older than that is presumed
-    stalled, and the slot dispatches anyway.
+    A run of the policy started within the lease and still running takes the slot
+    (coalesced, recorded on the slot): a new run would plan the rows already in flight
+    again. That check holds the policy's planning lock, so slot tasks queued during a
+    stall and run at once by several workers make one run, not a burst. A run older
+    than the lease is presumed stalled, and the slot starts a run anyway.
     """
-    key = schedule_key(policy, slot)
-    existing = Run.objects.filter(dispatch_key=key).first()
-    if existing is not None:  # the slot fired twice
-        return existing
-    in_flight = (
-        Run.objects.filter(policy=policy, state=Run.State.RUNNING,
-                           created_at__gte=timezone.now() - lease())
-        .order_by("-created_at")
-        .first()
-    )
-    if in_flight is not None:
-        log.info("schedule slot skipped", policy=policy, slot=slot.isoformat(),
-                 in_flight_run=str(in_flight.id))
-        return None
-    return dispatch(policy, key=key, trigger=Run.Trigger.SCHEDULE).run
+    fired = triggers.record_fire(policy, slot)  # the scheduler normally did already
+    if fired.outcome != Slot.Outcome.FIRED:  # the slot was delivered twice
+        return fired.run
+    result = dispatch(policy, key=schedule_key(policy, slot), trigger=Run.Trigger.SCHEDULE,
+                      coalesce_within=lease())
+    triggers.record_dispatch(fired, result.run, coalesced=result.coalesced)
+    if result.coalesced:
+        log.info("schedule slot coalesced", policy=policy, slot=slot.isoformat(),
+                 in_flight_run=str(result.run.id))
+    return result.run

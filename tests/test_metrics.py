@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cleanup.admin import STATE_COLOURS
 from cleanup.dispatch import dispatch
-from cleanup.models import Chunk
+from cleanup.models import Chunk, ScheduleInstall
 from cleanup.schedules import install_schedules
 from cleanup.worker import apply_chunk
 from config.logs import logging_config
@@ -98,12 +98,16 @@ def test_backlog_gauges_read_the_eligible_rows(client, section):
     assert value(samples, "cleanup_eligible_rows", **HOLDS) >= 1
 
 
-def test_schedule_lag_shows_a_missed_slot(client, settings):
+def test_schedule_lag_counts_from_the_first_slot_the_scheduler_did_not_fire(client):
     install_schedules()
+    assert value(scrape(client), "cleanup_schedule_lag_seconds", **HOLDS) == 0  # fresh
+
+    sixteen_minutes_ago = timezone.now() - timedelta(minutes=16)
+    ScheduleInstall.objects.update(installed_at=sixteen_minutes_ago)
     lag = value(scrape(client), "cleanup_schedule_lag_seconds", **HOLDS)
-    assert lag >= 0
-    now = timezone.now()
-    assert lag <= now.second + 1  # since the slot due at the top of this minute
+    first_missed = sixteen_minutes_ago.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    assert lag == pytest.approx((timezone.now() - first_missed).total_seconds(), abs=2)
+    assert lag > 15 * 60 - 2
 
 
 def test_every_chunk_state_has_a_metric_and_an_admin_label(client):

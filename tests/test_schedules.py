@@ -11,7 +11,9 @@ from django_q.scheduler import scheduler
 from django_q.signing import SignedPackage
 
 from cleanup.dispatch import dispatch
-from cleanup.models import Run
+from cleanup.models import Run, ScheduleInstall, Slot
+from cleanup.overview import schedule_status
+from cleanup.policies import all_policies, get_policy
 from cleanup.schedules import install_schedules
 from cleanup.tasks import dispatch_scheduled
 from cleanup.worker import apply_chunk
@@ -52,15 +54,85 @@ def test_scheduler_passes_its_slot_and_a_slot_fired_twice_gives_one_run(expired_
     assert run.dispatch_key == f"schedule:expire-holds:{slot.isoformat()}"
 
 
-def test_slot_is_skipped_while_a_run_of_the_policy_is_in_flight(expired_holds):
+def test_a_slot_fired_while_a_run_is_in_flight_is_coalesced_into_it(expired_holds):
     in_flight = dispatch("expire-holds").run
     slot = timezone.now().replace(second=0, microsecond=0)
 
-    assert dispatch_scheduled("expire-holds", slot.isoformat()) is None
+    assert dispatch_scheduled("expire-holds", slot.isoformat()) == str(in_flight.pk)
     assert Run.objects.get() == in_flight
+    recorded = Slot.objects.get()
+    assert (recorded.outcome, recorded.run_id) == (Slot.Outcome.COALESCED, in_flight.pk)
+
     for chunk in in_flight.chunks.all():
         apply_chunk(chunk.message)
-    assert dispatch_scheduled("expire-holds", slot.isoformat()) is not None
+    # The same slot delivered again stays coalesced; the next slot starts a run.
+    assert dispatch_scheduled("expire-holds", slot.isoformat()) == str(in_flight.pk)
+    later = dispatch_scheduled("expire-holds", (slot + timedelta(minutes=1)).isoformat())
+    assert later != str(in_flight.pk) and Run.objects.count() == 2
+
+
+def test_slot_tasks_queued_during_a_stall_collapse_into_one_run(expired_holds):
+    slot = timezone.now().replace(second=0, microsecond=0)
+    queued = [slot - timedelta(minutes=n) for n in range(5, 0, -1)]
+
+    runs = {dispatch_scheduled("expire-holds", s.isoformat()) for s in queued}
+
+    assert len(runs) == 1 and Run.objects.count() == 1
+    outcomes = list(Slot.objects.order_by("slot_at").values_list("outcome", flat=True))
+    assert outcomes == [Slot.Outcome.STARTED] + [Slot.Outcome.COALESCED] * 4
+
+
+@real_scheduler
+def test_the_scheduler_records_each_slot_it_fires_once_whether_or_not_a_worker_runs_it(db):
+    install_schedules()
+    slot = (timezone.now() - timedelta(minutes=3)).replace(second=0, microsecond=0)
+    Schedule.objects.filter(name="cleanup:expire-holds").update(next_run=slot)
+    fire_due_schedules()
+    Schedule.objects.filter(name="cleanup:expire-holds").update(next_run=slot)
+    fire_due_schedules()  # fired twice (two clusters, a retried pass)
+
+    recorded = Slot.objects.get(policy="expire-holds")
+    assert (recorded.slot_at, recorded.outcome, recorded.run_id) == (slot, "fired", None)
+    now = timezone.now()
+    assert schedule_status(get_policy("expire-holds"), now).lag == timedelta(0)
+
+
+def test_a_fresh_install_misses_nothing_until_its_first_slot_is_due(db):
+    install_schedules()
+    now = timezone.now()
+    for policy in all_policies():
+        if policy.schedule:
+            assert schedule_status(policy, now).lag == timedelta(0), policy.name
+    hourly = get_policy("purge-reminder-attempts")  # "15 * * * *"
+    first_slot = schedule_status(hourly, now).next_slot
+    assert schedule_status(hourly, first_slot - timedelta(seconds=1)).lag == timedelta(0)
+    late = schedule_status(hourly, first_slot + timedelta(minutes=5))
+    assert (late.lag, late.expected_slot) == (timedelta(minutes=5), first_slot)
+
+
+def test_a_run_in_flight_does_not_hide_a_scheduler_that_stopped_firing(expired_holds):
+    install_schedules()
+    dispatch("expire-holds")  # in flight, and stays so
+    last_fire = timezone.now() - timedelta(minutes=16)
+    ScheduleInstall.objects.update(installed_at=last_fire - timedelta(hours=1))
+    Slot.objects.create(policy="expire-holds", slot_at=last_fire.replace(second=0),
+                        fired_at=last_fire, outcome=Slot.Outcome.STARTED)
+
+    status = schedule_status(get_policy("expire-holds"), timezone.now())
+    assert status.lag > timedelta(minutes=14) and status.missed
+    assert status.undispatched == 0
+
+
+def test_a_fired_slot_no_worker_dispatched_is_stalled_work_not_a_missed_schedule(db):
+    install_schedules()
+    now = timezone.now()
+    Slot.objects.create(policy="expire-holds", slot_at=now - timedelta(minutes=10),
+                        fired_at=now - timedelta(minutes=10))
+    Slot.objects.create(policy="expire-holds", slot_at=now.replace(second=0, microsecond=0),
+                        fired_at=now)  # the scheduler still fires; no worker takes them
+
+    status = schedule_status(get_policy("expire-holds"), now)
+    assert (status.missed, status.undispatched) == (False, 1)
 
 
 def test_stalled_run_does_not_block_the_schedule(expired_holds):

@@ -1,0 +1,85 @@
+"""The trigger ledger: which schedule slots fired, and what each one did.
+
+"The scheduler fired" and "a run did the work" are separate facts, with separate
+owners. A slot is recorded when the scheduler enqueues its dispatch task, in the
+scheduler's own transaction; the dispatch task then records the run it started, or
+the run in flight it was coalesced into. So:
+
+- a **missed schedule** is measured from the scheduler's own firings alone: the lag is
+  how long ago the first slot after its last firing (or after the schedule was
+  installed) fell due. A run in flight does not hide it, and an outage of the workers
+  does not cause it;
+- a slot that fired but that no worker dispatched within the lease counts as
+  **stalled work**, like a chunk that was sent and did not finish: the queue is where
+  it waits, and the workers are who must take it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from croniter import croniter
+from django.db.models import Max
+from django.utils import timezone
+
+from cleanup.conf import lease
+from cleanup.models import Run, ScheduleInstall, Slot
+
+
+@dataclass(frozen=True)
+class Lag:
+    expected_slot: datetime | None  # the first slot the scheduler has not fired
+    lag: timedelta  # how long ago it fell due (0 if not yet)
+
+
+def record_fire(policy: str, slot_at: datetime) -> Slot:
+    """Record that the scheduler fired ``slot_at``; firing it again changes nothing."""
+    slot, _ = Slot.objects.get_or_create(policy=policy, slot_at=slot_at)
+    return slot
+
+
+def record_dispatch(slot: Slot, run: Run, *, coalesced: bool) -> None:
+    """Record what a fired slot did: the run it started, or the one it joined."""
+    Slot.objects.filter(pk=slot.pk, outcome=Slot.Outcome.FIRED).update(
+        outcome=Slot.Outcome.COALESCED if coalesced else Slot.Outcome.STARTED,
+        run=run,
+        dispatched_at=timezone.now(),
+    )
+
+
+def record_install(policy: str, cron: str) -> None:
+    """Start the clock of a schedule that was just installed or given another cron."""
+    ScheduleInstall.objects.update_or_create(
+        policy=policy, defaults={"cron": cron, "installed_at": timezone.now()}
+    )
+
+
+def schedule_lag(policy: str, cron: str, now: datetime) -> Lag:
+    """Seconds since the first slot after the scheduler's last firing fell due.
+
+    Counted from the later of the last firing and the installation, so a schedule
+    just installed has missed nothing until its first slot is due, and a scheduler
+    that restarts (firing the slot it missed, then skipping to the next one:
+    ``catch_up`` is off) is on time again at once.
+    """
+    installed = ScheduleInstall.objects.filter(policy=policy).first()
+    last_fired = Slot.objects.filter(policy=policy).aggregate(last=Max("fired_at"))["last"]
+    known = [t for t in (installed and installed.installed_at, last_fired) if t is not None]
+    if not known:
+        return Lag(None, timedelta(0))
+    expected = croniter(cron, max(known)).get_next(datetime)
+    return Lag(expected, max(now - expected, timedelta(0)))
+
+
+def undispatched(policy: str, now: datetime) -> int:
+    """Slots that fired longer than a lease ago and that no worker has dispatched."""
+    return Slot.objects.filter(policy=policy, outcome=Slot.Outcome.FIRED,
+                               fired_at__lt=now - lease()).count()
+
+
+def period(cron: str, now: datetime) -> timedelta:
+    """The gap between a schedule's next two slots."""
+    slots = croniter(cron, now)
+    first = slots.get_next(datetime)
+    return slots.get_next(datetime) - first
