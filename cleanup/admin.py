@@ -24,7 +24,7 @@ from cleanup.conf import lease
 from cleanup.dispatch import dispatch
 from cleanup.exceptions import CleanupError
 from cleanup.forms import DiscardForm, DispatchForm, NewCutoffForm
-from cleanup.models import Chunk, CleanupOverview, OrphanMessage, Run
+from cleanup.models import Chunk, CleanupOverview, OrphanMessage, Run, Slot
 from cleanup.overview import overview
 from cleanup.policies import get_policy
 from cleanup.preview import preview
@@ -421,6 +421,22 @@ class ChunkAdmin(LedgerAdmin):
         self.report(request, result, "%(count)d chunk discarded.",
                     "%(count)d chunks discarded.",
                     "%(count)d chunks were not dead-lettered and were left alone.")
+
+
+@admin.register(Slot)
+class SlotAdmin(LedgerAdmin):
+    """The trigger ledger: each schedule slot the scheduler fired and what it did."""
+
+    list_display = ("policy", "slot_at", "fired_at", "outcome", "run_link", "dispatched_at")
+    list_filter = ("policy", "outcome")
+    readonly_fields = list_display
+
+    @admin.display(description="run")
+    def run_link(self, slot):
+        if not slot.run_id:
+            return "-"
+        url = reverse("admin:cleanup_run_change", args=[slot.run_id])
+        return format_html('<a href="{}">{}</a>', url, str(slot.run_id)[:8])
 
 
 @admin.register(OrphanMessage)

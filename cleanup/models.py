@@ -213,6 +213,7 @@ class Slot(models.Model):
 
     class Meta:
         ordering = ["-slot_at"]
+        verbose_name = "schedule slot"
         constraints = [
             models.UniqueConstraint(fields=["policy", "slot_at"], name="slot_unique_per_policy")
         ]

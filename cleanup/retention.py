@@ -1,5 +1,6 @@
-"""The engine's own cleanup policies: it purges its ledger and django-q2's results
-with the same replay-safe pipeline it offers the host project."""
+"""The engine's own cleanup policies: it purges its ledger (runs, chunks, the trigger
+ledger's slots) and django-q2's results with the same replay-safe pipeline it offers
+the host project."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from cleanup.policies import ITEMS, RANGE, Policy, register
 PURGE_CHUNKS = "purge-cleanup-chunks"
 PURGE_RUNS = "purge-cleanup-runs"
 PURGE_TASK_RESULTS = "purge-task-results"
+PURGE_SLOTS = "purge-cleanup-slots"
 # Runs go a day after their chunks, so the chunk purge has emptied them by then.
 RUN_MARGIN = timedelta(days=1)
 
@@ -36,6 +38,10 @@ def run_deadline(cutoff: datetime) -> dict[str, datetime]:
     return {"created_before": cutoff - ledger_retention() - RUN_MARGIN}
 
 
+def slot_deadline(cutoff: datetime) -> dict[str, datetime]:
+    return {"fired_before": cutoff - ledger_retention()}
+
+
 def task_result_deadline(cutoff: datetime) -> dict[str, datetime]:
     return {"stopped_before": cutoff - task_result_retention()}
 
@@ -46,6 +52,10 @@ def old_chunks(cutoff: datetime, planned_before: datetime) -> Q:
 
 def old_runs(cutoff: datetime, created_before: datetime) -> Q:
     return Q(state__in=Run.FINISHED, created_at__lte=created_before)
+
+
+def old_slots(cutoff: datetime, fired_before: datetime) -> Q:
+    return Q(fired_at__lte=fired_before)
 
 
 def old_task_results(cutoff: datetime, stopped_before: datetime) -> Q:
@@ -73,6 +83,11 @@ def register_policies() -> None:
         observed_field="created_at", partition_field="policy", scheme=ITEMS, chunk_size=500,
         schedule="50 * * * *", eligible_after=lambda: ledger_retention() + RUN_MARGIN,
         before_delete=roll_up_runs,
+    ))
+    register(Policy(
+        name=PURGE_SLOTS, model_label="cleanup.Slot", eligible=old_slots, derive=slot_deadline,
+        observed_field="fired_at", partition_field="policy", scheme=RANGE, chunk_size=1000,
+        schedule="45 * * * *", eligible_after=ledger_retention,
     ))
     register(Policy(
         name=PURGE_TASK_RESULTS, model_label="django_q.Task", eligible=old_task_results,

@@ -329,4 +329,4 @@ def test_replay_view_of_unknown_run_redirects_with_a_message(admin_client):
 def test_schedule_rows_are_untouched_by_the_console(admin_client):
     install_schedules()
     admin_client.get(OVERVIEW)
-    assert Schedule.objects.count() == 7
+    assert Schedule.objects.count() == 8

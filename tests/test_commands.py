@@ -168,7 +168,8 @@ def test_schedule_command_twice_changes_nothing(db):
     second = run_json("cleanup_schedule")
     assert first["created"] == [
         "cleanup:expire-holds", "cleanup:purge-cleanup-chunks", "cleanup:purge-cleanup-runs",
-        "cleanup:purge-reminder-attempts", "cleanup:purge-task-results",
+        "cleanup:purge-cleanup-slots", "cleanup:purge-reminder-attempts",
+        "cleanup:purge-task-results",
         "cleanup:reconcile", "cleanup:heartbeat",
     ]
     assert second["unchanged"] == first["created"]

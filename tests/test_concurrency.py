@@ -273,3 +273,38 @@ def test_a_chunk_committing_while_the_ledger_purge_waits_is_never_lost_from_coun
     assert all_sums()["expire-holds"]["rows_deleted"] == 3
     assert list(Chunk.objects.filter(run=run).values_list("pk", "state")) == [
         (middle.pk, Chunk.State.COMMITTED)]
+
+
+def test_slot_tasks_run_at_once_by_several_workers_make_one_run():
+    """After a stall, the queued slot tasks of a policy run in a burst on several
+    workers: the in-flight check holds the planning lock, so one run takes them all."""
+    from cleanup.models import Slot
+    from cleanup.tasks import dispatch_scheduled
+
+    SeatHoldFactory.create_batch(3, expired=True)
+    slot = timezone.now().replace(second=0, microsecond=0)
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_planning_lock():
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                           ["cleanup:expire-holds"])
+            locked.set()
+            assert release.wait(30)
+
+    holder = Worker(hold_planning_lock)
+    holder.start()
+    assert locked.wait(10)
+    burst = [Worker(dispatch_scheduled, "expire-holds", (slot - timedelta(minutes=n)).isoformat())
+             for n in (1, 2, 3)]
+    for worker in burst:
+        worker.start()
+    wait_for(lambda: waiting_statements("SELECT pg_advisory_xact_lock") == 3,
+             what="the three slot tasks to wait for the planning lock")
+    release.set()
+    holder.outcome()
+
+    assert len({worker.outcome() for worker in burst}) == 1
+    assert Run.objects.count() == 1
+    assert sorted(Slot.objects.values_list("outcome", flat=True)) == [
+        Slot.Outcome.COALESCED, Slot.Outcome.COALESCED, Slot.Outcome.STARTED]

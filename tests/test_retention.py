@@ -86,3 +86,16 @@ def test_old_task_results_are_purged(db):
     dispatch(PURGE_TASK_RESULTS, sync=True)
 
     assert list(Task.objects.values_list("name", flat=True)) == ["new"]
+
+
+def test_old_slots_of_the_trigger_ledger_are_purged_and_recent_ones_stay(db):
+    from cleanup.models import Slot
+    from cleanup.retention import PURGE_SLOTS
+
+    old = Slot.objects.create(policy="expire-holds", slot_at=OLD, fired_at=OLD)
+    recent = Slot.objects.create(policy="expire-holds", slot_at=timezone.now())
+
+    dispatch(PURGE_SLOTS, sync=True)
+
+    assert list(Slot.objects.values_list("pk", flat=True)) == [recent.pk]
+    assert not Slot.objects.filter(pk=old.pk).exists()

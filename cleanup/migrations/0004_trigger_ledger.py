@@ -45,6 +45,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'ordering': ['-slot_at'],
+                'verbose_name': 'schedule slot',
                 'indexes': [models.Index(fields=['policy', '-fired_at'], name='cleanup_slo_policy_5f6db7_idx')],
                 'constraints': [models.UniqueConstraint(fields=('policy', 'slot_at'), name='slot_unique_per_policy')],
             },
