@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import uuid
-from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import structlog
-from django.db import IntegrityError, connection, connections, transaction
-from django.db.models import F
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
-from django_q.brokers import get_broker
-from django_q.brokers.orm import ORM
 from django_q.conf import Conf
-from django_q.models import OrmQ
-from django_q.tasks import async_task
 
-from cleanup import messages, sizing
+from cleanup import messages, sizing, transitions, transport
 from cleanup.cutoffs import frozen_cutoff
 from cleanup.exceptions import BadKey, KeyReused
 from cleanup.models import Chunk, Run
@@ -28,7 +22,6 @@ from cleanup.preview import preview
 
 log = structlog.get_logger("cleanup.dispatch")
 
-CHUNK_TASK = "cleanup.tasks.apply_chunk"
 # Chunks inserted and enqueued per round trip, and the items (pairs carried in their
 # messages) a batch may hold: together they bound the memory planning holds.
 INSERT_BATCH = 100
@@ -111,9 +104,9 @@ def dispatch(
                 max_span=sizing.max_span(policy, scheme, size),
             )
             run.candidates, run.chunks_planned = _plan_and_send(run, policy, sync=sync)
+            run.save(update_fields=["candidates", "chunks_planned"])
             if run.chunks_planned == 0:
-                run.state, run.finished_at = Run.State.COMPLETED, timezone.now()
-            run.save(update_fields=["candidates", "chunks_planned", "state", "finished_at"])
+                run = transitions.settle_run(run.pk)  # nothing to do: completed
     except IntegrityError:
         # Another dispatcher with the same key committed first.
         return _existing(Run.objects.get(dispatch_key=key), request, sync=sync)
@@ -151,81 +144,13 @@ def check_key(key: str | None) -> str | None:
     return key
 
 
-def send(chunks: Iterable[Chunk]) -> int:
-    """Enqueue the chunks' messages; inside a transaction they commit together with it.
-
-    With the ORM broker the messages go in one INSERT: django-q2 still builds and signs
-    each task, and only its row is held back (a round trip per message was most of
-    the cost of writing a run).
-    """
-    broker = get_broker()
-    batch = _HeldInserts(broker.list_key) if isinstance(broker, ORM) else broker
-    per_run = Counter()
-    for chunk in chunks:
-        async_task(CHUNK_TASK, chunk.message, group=str(chunk.run_id), broker=batch)
-        per_run[chunk.run_id] += 1
-    if batch is not broker:
-        batch.insert()
-    # Counted on the run, not the chunks: a chunk row may be locked by a delivery in
-    # progress, and a re-send must not wait for it.
-    for run_id, sent in per_run.items():
-        Run.objects.filter(pk=run_id).update(messages_sent=F("messages_sent") + sent)
-    return per_run.total()
-
-
-class _HeldInserts(ORM):
-    """django-q2's ORM broker, holding the queue rows it is given for one bulk INSERT."""
-
-    def __init__(self, list_key: str):
-        super().__init__(list_key=list_key)
-        self.rows: list[OrmQ] = []
-
-    def enqueue(self, task) -> str:
-        # As ORM.enqueue writes it, in the same transaction when there is one.
-        self.rows.append(OrmQ(key=self.list_key or Conf.CLUSTER_NAME, payload=task,
-                              lock=timezone.now()))
-        return "(held for one INSERT)"  # django-q2 logs it as the queue row's id
-
-    def insert(self) -> None:
-        # executemany, not bulk_create: Django's UNNEST bulk insert quotes each payload
-        # in Python inside an array literal, seven times slower for items messages.
-        with connections[self.get_connection().db].cursor() as cursor:
-            cursor.executemany(
-                f'INSERT INTO "{OrmQ._meta.db_table}" ("key", "payload", "lock") '
-                "VALUES (%s, %s, %s)",
-                [(row.key, row.payload, row.lock) for row in self.rows],
-            )
-        self.rows.clear()
-
-
 def apply_in_process(run: Run) -> None:
     """Apply a run's unfinished chunks here, one after another, without the queue."""
     from cleanup.worker import apply_chunk
 
     for chunk in run.chunks.filter(state__in=Chunk.UNFINISHED).order_by("seq"):
         apply_chunk(chunk.message)
-        Chunk.objects.filter(pk=chunk.pk, state=Chunk.State.COMMITTED).update(
-            state=Chunk.State.ACKNOWLEDGED, acknowledged_at=timezone.now()
-        )
-
-
-def queue_shares_transaction() -> bool:
-    """Whether enqueueing joins the database transaction (django-q2's ORM broker)."""
-    return isinstance(get_broker(), ORM)
-
-
-def send_planned(run_id) -> int:
-    """Send a run's chunks that are planned but unsent, and mark them enqueued."""
-    with transaction.atomic():
-        chunks = list(
-            Chunk.objects.select_for_update(skip_locked=True)
-            .filter(run_id=run_id, state=Chunk.State.PLANNED)
-            .order_by("seq")
-        )
-        Chunk.objects.filter(pk__in=[c.pk for c in chunks]).update(
-            state=Chunk.State.ENQUEUED, enqueued_at=timezone.now()
-        )
-        return send(chunks)
+        transitions.acknowledge(Q(pk=chunk.pk))
 
 
 def _plan_and_send(run: Run, policy: Policy, *, sync: bool) -> tuple[int, int]:
@@ -236,7 +161,7 @@ def _plan_and_send(run: Run, policy: Policy, *, sync: bool) -> tuple[int, int]:
     planned, and the reconciler sends them.
     """
     now = timezone.now()
-    in_transaction = not sync and queue_shares_transaction()
+    in_transaction = not sync and transport.queue_shares_transaction()
     state = Chunk.State.ENQUEUED if in_transaction else Chunk.State.PLANNED
     candidates = chunks = batch_items = 0
     batch: list[Chunk] = []
@@ -245,12 +170,12 @@ def _plan_and_send(run: Run, policy: Policy, *, sync: bool) -> tuple[int, int]:
         nonlocal batch_items
         Chunk.objects.bulk_create(batch)
         if in_transaction:
-            send(batch)
+            transport.send(batch)
         batch.clear()
         batch_items = 0
 
     if not sync and not in_transaction:
-        transaction.on_commit(lambda: send_planned(run.id))
+        transaction.on_commit(lambda: transport.send_planned(run.id))
 
     planned_chunks = plan(policy, run.frozen, run.scheme, run.chunk_size, run.max_span)
     for seq, planned in enumerate(planned_chunks, start=1):

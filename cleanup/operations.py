@@ -11,10 +11,8 @@ from dataclasses import dataclass
 
 import structlog
 from django.db import transaction
-from django.utils import timezone
 
-from cleanup import ledger
-from cleanup.dispatch import send
+from cleanup import transitions, transport
 from cleanup.exceptions import CleanupError, UnknownChunk
 from cleanup.models import Chunk, Run
 
@@ -51,21 +49,9 @@ def requeue(pks: Iterable[int], *, resend: bool = True, actor: str = "") -> Acti
     """
     pks = list(pks)
     with transaction.atomic():
-        chunks = list(
-            Chunk.objects.select_for_update()
-            .filter(pk__in=pks, state=Chunk.State.DEAD_LETTERED)
-            .exclude(run__state=Run.State.CANCELLED)
-        )
-        now = timezone.now()
-        for chunk in chunks:
-            chunk.unfinished_forgiven = chunk.deliveries - chunk.deliveries_completed
-            chunk.state = Chunk.State.ENQUEUED
-            chunk.enqueued_at = now
-            chunk.save(update_fields=["unfinished_forgiven", "state", "enqueued_at"])
+        chunks = transitions.requeue(pks)
         if resend:
-            send(chunks)
-        for run_id in {c.run_id for c in chunks}:
-            ledger.settle_run(run_id)
+            transport.send(chunks)
     _log("requeued", chunks, actor)
     return ActionResult(len(chunks), len(pks) - len(chunks), tuple(c.pk for c in chunks))
 
@@ -75,14 +61,7 @@ def discard(pks: Iterable[int], reason: str, *, actor: str = "") -> ActionResult
     reason = required_reason(reason)
     pks = list(pks)
     with transaction.atomic():
-        chunks = list(
-            Chunk.objects.select_for_update().filter(pk__in=pks, state=Chunk.State.DEAD_LETTERED)
-        )
-        Chunk.objects.filter(pk__in=[c.pk for c in chunks]).update(
-            state=Chunk.State.DISCARDED, discard_reason=reason, discarded_at=timezone.now()
-        )
-        for run_id in {c.run_id for c in chunks}:
-            ledger.settle_run(run_id)
+        chunks = transitions.discard(pks, reason)
     _log("discarded", chunks, actor, reason=reason)
     return ActionResult(len(chunks), len(pks) - len(chunks), tuple(c.pk for c in chunks))
 
@@ -99,25 +78,11 @@ def cancel(run_ids: Iterable, *, actor: str = "") -> ActionResult:
     delivery of them is a no-op. Work already committed stays."""
     run_ids = list(run_ids)
     with transaction.atomic():
-        # Chunks before runs: the order a committing worker takes its locks in.
-        unfinished = list(
-            Chunk.objects.select_for_update()
-            .filter(run_id__in=run_ids, state__in=Chunk.UNFINISHED)
-            .order_by("pk")
-            .values_list("pk", flat=True)
-        )
-        runs = list(
-            Run.objects.select_for_update().filter(pk__in=run_ids, state=Run.State.RUNNING)
-        )
-        now = timezone.now()
-        for run in runs:
-            cancelled = Chunk.objects.filter(
-                run=run, pk__in=unfinished, state__in=Chunk.UNFINISHED
-            ).update(state=Chunk.State.CANCELLED)
-            run.state, run.finished_at = Run.State.CANCELLED, now
-            run.save(update_fields=["state", "finished_at"])
-            log.info("run cancelled", run_id=str(run.id), policy=run.policy,
-                     chunks_cancelled=cancelled, actor=actor)
+        cancelled = transitions.cancel_runs(run_ids)
+    for run, chunks in cancelled:
+        log.info("run cancelled", run_id=str(run.id), policy=run.policy,
+                 chunks_cancelled=chunks, actor=actor)
+    runs = [run for run, _ in cancelled]
     return ActionResult(len(runs), len(run_ids) - len(runs), tuple(r.pk for r in runs))
 
 

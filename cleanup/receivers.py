@@ -7,14 +7,13 @@ from datetime import datetime
 
 import structlog
 from django.db import DatabaseError
+from django.db.models import Q
 from django.dispatch import receiver
-from django.utils import timezone
 from django_q.signals import post_execute, pre_enqueue
 
-from cleanup import messages, triggers
-from cleanup.dispatch import CHUNK_TASK
-from cleanup.models import Chunk
+from cleanup import messages, transitions, triggers
 from cleanup.schedules import DISPATCH_TASK
+from cleanup.transport import CHUNK_TASK
 
 log = structlog.get_logger("cleanup.receivers")
 
@@ -32,9 +31,7 @@ def record_acknowledgement(sender, task, **kwargs) -> None:
     if run_id is None or chunk_id is None:
         return
     try:
-        Chunk.objects.filter(run_id=run_id, seq=chunk_id, state=Chunk.State.COMMITTED).update(
-            state=Chunk.State.ACKNOWLEDGED, acknowledged_at=timezone.now()
-        )
+        transitions.acknowledge(Q(run_id=run_id, seq=chunk_id))
     except DatabaseError as exc:
         # This runs in django-q2's monitor loop; an error here must not stop it. The
         # chunk stays committed, which reads as "awaiting acknowledgement".

@@ -19,8 +19,8 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 from django_q.brokers import get_broker
 
+from cleanup import transitions, transport
 from cleanup.conf import lease
-from cleanup.dispatch import send
 from cleanup.models import Chunk, Run
 
 log = structlog.get_logger("cleanup.reconcile")
@@ -59,13 +59,11 @@ def reconcile(now: datetime | None = None) -> ReconcileResult:
             .order_by("pk")[:BATCH]
         )
         never_sent = [c.pk for c in chunks if c.state == Chunk.State.PLANNED]
-        Chunk.objects.filter(pk__in=never_sent).update(
-            state=Chunk.State.ENQUEUED, enqueued_at=now
-        )
+        transitions.enqueue(never_sent, now)
         Chunk.objects.filter(pk__in=[c.pk for c in chunks]).update(
             reconciled_at=now, reconciles=F("reconciles") + 1
         )
-        send(chunks)
+        transport.send(chunks)
     for chunk in chunks:
         log.warning("chunk re-sent by the reconciler", run_id=str(chunk.run_id),
                     chunk_id=chunk.seq, state=chunk.state)

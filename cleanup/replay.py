@@ -10,10 +10,11 @@ from django.db import transaction
 
 from cleanup import operations
 from cleanup.cutoffs import frozen_cutoff
-from cleanup.dispatch import dispatch, send
+from cleanup.dispatch import dispatch
 from cleanup.exceptions import CleanupError
 from cleanup.models import Chunk, Run
 from cleanup.status import get_run
+from cleanup.transport import send
 
 log = structlog.get_logger("cleanup.replay")
 

@@ -14,7 +14,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from cleanup import ledger, messages
+from cleanup import ledger, messages, transitions
 from cleanup.conf import conf
 from cleanup.exceptions import CleanupError, MalformedMessage, UnknownPolicy
 from cleanup.expressions import PairsIn
@@ -66,7 +66,7 @@ def apply_chunk(raw) -> Outcome:
             # Anything else is deterministic (a bug, a predicate the database rejects):
             # another delivery would fail the same way.
             _reset_broken_connection()
-            ledger.dead_letter(chunk, _describe(exc), Chunk.FailureClass.ERROR)
+            transitions.dead_letter(chunk, _describe(exc), Chunk.FailureClass.ERROR)
             return Outcome.DEAD_LETTERED
 
 
@@ -109,7 +109,8 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) ->
                 policy.before_delete(doomed)
             deleted, _ = doomed.delete()
             outcome = Outcome.DELETED if deleted else Outcome.NOOP
-            _record_commit(current, deleted, retries, time.monotonic() - started)
+            transitions.commit(current, deleted=deleted, retries=retries,
+                               elapsed=time.monotonic() - started)
     log.info(
         "chunk outcome",
         run_id=message.run_id,
@@ -142,24 +143,6 @@ def _locked(doomed):
     # In pk order and without the model's default ordering, which joins the run.
     locked = list(doomed.select_for_update().order_by("pk").values_list("pk", flat=True))
     return doomed.filter(pk__in=locked)
-
-
-def _record_commit(chunk: Chunk, deleted: int, retries: int, elapsed: float) -> None:
-    """Store the outcome on the chunk (and maybe close its run) in the DELETE's transaction.
-
-    ``elapsed`` covers the transaction up to this write; the commit itself is not in it.
-    """
-    Chunk.objects.filter(pk=chunk.pk).update(
-        duration_ms=round(elapsed * 1000),
-        state=Chunk.State.COMMITTED,
-        committed_at=timezone.now(),
-        rows_deleted=F("rows_deleted") + deleted,
-        items_skipped=F("items_skipped") + max(chunk.planned_rows - deleted, 0),
-        deliveries_completed=F("deliveries_completed") + 1,
-        noop_deliveries=F("noop_deliveries") + (0 if deleted else 1),
-        transient_retries=F("transient_retries") + retries,
-    )
-    ledger.settle_run(chunk.run_id)
 
 
 def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
@@ -222,7 +205,7 @@ def _derived_names(policy: Policy, run) -> set[str]:
 def _refuse(raw, chunk: Chunk, reason: str, failure_class: str) -> None:
     """Dead-letter a chunk for a message it cannot act on; if the chunk had already
     finished, keep the message where malformed ones are kept, so it leaves a trace."""
-    if not ledger.dead_letter(chunk, reason, failure_class):
+    if not transitions.dead_letter(chunk, reason, failure_class):
         ledger.record_orphan(raw, f"{reason} (chunk already {chunk.state})",
                              run_id=str(chunk.run_id), chunk_id=chunk.seq)
 
@@ -246,13 +229,7 @@ def _unfinished(chunk: Chunk) -> int:
 
 
 def _record_failure(chunk: Chunk, exc: BaseException, retries: int) -> None:
-    Chunk.objects.filter(pk=chunk.pk, state__in=Chunk.UNFINISHED).update(
-        state=Chunk.State.RETRYING,
-        failure_class=Chunk.FailureClass.TRANSIENT,
-        failures=F("failures") + 1,
-        transient_retries=F("transient_retries") + retries,
-        last_error=_describe(exc),
-    )
+    transitions.retry(chunk, error=_describe(exc), retries=retries)
     log.warning(
         "chunk failed, left for redelivery",
         run_id=str(chunk.run_id),

@@ -9,10 +9,11 @@ from django.utils import timezone
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
-from cleanup import dispatch as dispatch_module
-from cleanup.dispatch import CHUNK_TASK, dispatch
+from cleanup import transport
+from cleanup.dispatch import dispatch
 from cleanup.exceptions import BadCutoff, BadKey, BadScheme, KeyReused, UnknownPolicy
 from cleanup.models import Chunk, Run
+from cleanup.transport import CHUNK_TASK
 from reservations.models import SeatHold
 from tests.conftest import chunks_of
 from tests.factories import ReminderAttemptFactory, SeatHoldFactory
@@ -100,7 +101,7 @@ def test_failure_while_planning_leaves_no_run_chunk_or_message(expired_holds, mo
     def broken_send(chunks):
         raise RuntimeError("injected: broker down")
 
-    monkeypatch.setattr(dispatch_module, "send", broken_send)
+    monkeypatch.setattr(transport, "send", broken_send)
     with pytest.raises(RuntimeError):
         dispatch("expire-holds", key="k2")
 
@@ -172,22 +173,22 @@ def test_range_scheme_plans_per_tenant(db, chunk_size):
 def test_interrupted_sync_run_is_finished_by_dispatching_its_key_again(
     expired_holds, chunk_size, monkeypatch
 ):
-    from cleanup import worker
+    from cleanup import transitions
 
     chunk_size("expire-holds", 2)
-    real_record = worker._record_commit
+    real_record = transitions.commit
     committed = []
 
-    def die_on_second_chunk(chunk, *args):
+    def die_on_second_chunk(chunk, *args, **kwargs):
         if committed:
             raise KeyboardInterrupt("injected: process stopped mid-run")
         committed.append(chunk.seq)
-        real_record(chunk, *args)
+        real_record(chunk, *args, **kwargs)
 
-    monkeypatch.setattr(worker, "_record_commit", die_on_second_chunk)
+    monkeypatch.setattr(transitions, "commit", die_on_second_chunk)
     with pytest.raises(KeyboardInterrupt):
         dispatch("expire-holds", key="small-table", sync=True)
-    monkeypatch.setattr(worker, "_record_commit", real_record)
+    monkeypatch.setattr(transitions, "commit", real_record)
 
     again = dispatch("expire-holds", key="small-table", sync=True)
 

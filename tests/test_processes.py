@@ -84,12 +84,12 @@ KILL_MID_CHUNK = """
 import json, os, signal, sys
 import django
 django.setup()
-from cleanup import worker
+from cleanup import transitions, worker
 
-def die_before_commit(*args):
+def die_before_commit(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
 
-worker._record_commit = die_before_commit
+transitions.commit = die_before_commit
 worker.apply_chunk(json.loads(sys.argv[1]))
 """
 

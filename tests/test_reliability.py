@@ -10,7 +10,7 @@ from django.utils import timezone
 from django_q.conf import Conf
 from django_q.models import OrmQ
 
-from cleanup import dispatch as dispatch_module
+from cleanup import transport
 from cleanup.dispatch import dispatch
 from cleanup.health import beat
 from cleanup.models import Chunk, WorkerHeartbeat
@@ -56,7 +56,7 @@ def test_recent_or_finished_chunks_are_left_alone(expired_holds):
 def test_chunks_planned_but_never_sent_are_sent(expired_holds, monkeypatch):
     # Another broker sends after the commit; here the process "died" before that
     # (the test transaction never commits, so the on-commit send never runs).
-    monkeypatch.setattr(dispatch_module, "queue_shares_transaction", lambda: False)
+    monkeypatch.setattr(transport, "queue_shares_transaction", lambda: False)
     chunk = dispatch("expire-holds").run.chunks.get()
     assert (chunk.state, OrmQ.objects.count()) == (Chunk.State.PLANNED, 0)
     Chunk.objects.filter(pk=chunk.pk).update(planned_at=LONG_AGO)

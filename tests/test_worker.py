@@ -9,7 +9,7 @@ from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from cleanup import worker
+from cleanup import transitions
 from cleanup.dispatch import dispatch
 from cleanup.models import Chunk, OrphanMessage, Run
 from cleanup.worker import Outcome, apply_chunk
@@ -70,16 +70,16 @@ def test_failure_just_before_commit_changes_nothing_and_retry_succeeds(
     expired_holds, monkeypatch
 ):
     chunk = only_chunk(dispatch("expire-holds").run)
-    real_record = worker._record_commit
+    real_record = transitions.commit
     calls = []
 
-    def connection_lost_before_commit(*args):
-        real_record(*args)  # the DELETE and the ledger update ran, not yet committed
+    def connection_lost_before_commit(*args, **kwargs):
+        real_record(*args, **kwargs)  # the DELETE and the ledger update ran, not yet committed
         calls.append(SeatHold.objects.count())
         if len(calls) == 1:
             raise OperationalError("injected: connection lost before commit")
 
-    monkeypatch.setattr(worker, "_record_commit", connection_lost_before_commit)
+    monkeypatch.setattr(transitions, "commit", connection_lost_before_commit)
 
     assert apply_chunk(chunk.message) == Outcome.DELETED
 
@@ -94,13 +94,13 @@ def test_transient_error_outlasting_retries_is_raised_for_redelivery(
 ):
     settings.CLEANUP_TRANSIENT_RETRIES = 2
     chunk = only_chunk(dispatch("expire-holds").run)
-    real_record = worker._record_commit
+    real_record = transitions.commit
 
-    def always_lost(*args):
-        real_record(*args)
+    def always_lost(*args, **kwargs):
+        real_record(*args, **kwargs)
         raise OperationalError("injected: connection lost before commit")
 
-    monkeypatch.setattr(worker, "_record_commit", always_lost)
+    monkeypatch.setattr(transitions, "commit", always_lost)
     with pytest.raises(OperationalError):
         apply_chunk(chunk.message)
 
@@ -110,7 +110,7 @@ def test_transient_error_outlasting_retries_is_raised_for_redelivery(
     assert chunk.failure_class == Chunk.FailureClass.TRANSIENT
     assert "connection lost" in chunk.last_error
 
-    monkeypatch.setattr(worker, "_record_commit", real_record)
+    monkeypatch.setattr(transitions, "commit", real_record)
     assert apply_chunk(chunk.message) == Outcome.DELETED  # the broker's redelivery
     assert SeatHold.objects.count() == 0
 
@@ -118,10 +118,10 @@ def test_transient_error_outlasting_retries_is_raised_for_redelivery(
 def test_deterministic_error_is_dead_lettered_at_once(expired_holds, monkeypatch):
     chunk = only_chunk(dispatch("expire-holds").run)
 
-    def bug(*args):
+    def bug(*args, **kwargs):
         raise TypeError("injected programming error")
 
-    monkeypatch.setattr(worker, "_record_commit", bug)
+    monkeypatch.setattr(transitions, "commit", bug)
 
     assert apply_chunk(chunk.message) == Outcome.DEAD_LETTERED
     chunk.refresh_from_db()
@@ -152,17 +152,17 @@ def test_cutoff_stays_frozen_when_the_clock_moves_on_during_retries(
     # Expired by now, but not at the frozen cutoff: a later delivery must leave it.
     later = SeatHoldFactory(section=section, expires_at=cutoff + timedelta(minutes=30))
     chunk = only_chunk(dispatch("expire-holds", scheme="range", cutoff=cutoff).run)
-    real_record, real_now = worker._record_commit, timezone.now
+    real_record, real_now = transitions.commit, timezone.now
     attempts = []
 
-    def fail_once_then_move_the_clock(*args):
-        real_record(*args)
+    def fail_once_then_move_the_clock(*args, **kwargs):
+        real_record(*args, **kwargs)
         attempts.append(1)
         if len(attempts) == 1:
             monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(days=1))
             raise OperationalError("injected: connection lost before commit")
 
-    monkeypatch.setattr(worker, "_record_commit", fail_once_then_move_the_clock)
+    monkeypatch.setattr(transitions, "commit", fail_once_then_move_the_clock)
 
     assert apply_chunk(chunk.message) == Outcome.DELETED
     assert len(attempts) == 2

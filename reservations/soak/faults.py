@@ -12,10 +12,11 @@ from collections import Counter
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from cleanup.dispatch import dispatch, send
+from cleanup.dispatch import dispatch
 from cleanup.models import Chunk, Run
 from cleanup.replay import replay
 from cleanup.tasks import dispatch_scheduled
+from cleanup.transport import send
 from reservations.models import SeatHold
 from reservations.policies import EXPIRE_HOLDS, PURGE_REMINDERS
 from reservations.soak.processes import Cluster

@@ -9,8 +9,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cleanup.transport import CHUNK_TASK
+
 MANAGE = Path(__file__).resolve().parents[2] / "manage.py"
-CHUNK_TASK = "cleanup.tasks.apply_chunk"
 
 
 @dataclass

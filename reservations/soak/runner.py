@@ -17,11 +17,12 @@ from django.utils import timezone
 from django_q.brokers import get_broker
 
 from cleanup import operations
-from cleanup.dispatch import dispatch, queue_shares_transaction
+from cleanup.dispatch import dispatch
 from cleanup.models import Chunk, Run
 from cleanup.policies import get_policy, register
 from cleanup.reconcile import reconcile
 from cleanup.replay import replay
+from cleanup.transport import queue_shares_transaction
 from reservations import seeding
 from reservations.models import ReminderAttempt, SeatHold, Section, Tenant
 from reservations.policies import EXPIRE_HOLDS, PURGE_REMINDERS

@@ -1,0 +1,194 @@
+"""The chunk and run state machine: every state change of the ledger, and its guard.
+
+Nothing else writes a chunk's or a run's state. Each transition is one function whose
+UPDATE names the states it may leave, so a stale caller, a second click or a late
+delivery changes nothing: a committed chunk is never dead-lettered, a cancelled run
+stays cancelled, and counters only ever add.
+
+    planned ──enqueue──▶ enqueued ──commit──▶ committed ──acknowledge──▶ acknowledged
+       │                  │   ▲                   ▲
+       │                retry │ (redelivery)      │ commit
+       │                  ▼   │                   │
+       └──────────────▶ retrying ─────────────────┘
+    planned, enqueued, retrying ──dead_letter──▶ dead_lettered ──requeue──▶ enqueued
+                                                        └──discard──▶ discarded
+    planned, enqueued, retrying ──cancel──▶ cancelled
+
+A run is running while any chunk is unfinished, then completed or completed with dead
+letters (``settle_run``); ``cancel_runs`` ends it for good.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+import structlog
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from cleanup.models import Chunk, Run
+
+log = structlog.get_logger("cleanup.ledger")
+
+UNFINISHED = Chunk.UNFINISHED
+
+
+def enqueue(pks: Iterable[int], now: datetime | None = None) -> int:
+    """planned → enqueued, as their messages are sent."""
+    return Chunk.objects.filter(pk__in=list(pks), state=Chunk.State.PLANNED).update(
+        state=Chunk.State.ENQUEUED, enqueued_at=now or timezone.now()
+    )
+
+
+def commit(chunk: Chunk, *, deleted: int, retries: int, elapsed: float) -> bool:
+    """unfinished → committed, with the outcome, in the transaction of the chunk's DELETE.
+
+    ``elapsed`` covers the transaction up to this write; the commit itself is not in it.
+    The run is settled in the same transaction.
+    """
+    updated = Chunk.objects.filter(pk=chunk.pk, state__in=UNFINISHED).update(
+        duration_ms=round(elapsed * 1000),
+        state=Chunk.State.COMMITTED,
+        committed_at=timezone.now(),
+        rows_deleted=F("rows_deleted") + deleted,
+        items_skipped=F("items_skipped") + max(chunk.planned_rows - deleted, 0),
+        deliveries_completed=F("deliveries_completed") + 1,
+        noop_deliveries=F("noop_deliveries") + (0 if deleted else 1),
+        transient_retries=F("transient_retries") + retries,
+    )
+    if updated:
+        settle_run(chunk.run_id)
+    return bool(updated)
+
+
+def acknowledge(chunks: Q) -> int:
+    """committed → acknowledged, once the broker has acknowledged the message."""
+    return Chunk.objects.filter(chunks, state=Chunk.State.COMMITTED).update(
+        state=Chunk.State.ACKNOWLEDGED, acknowledged_at=timezone.now()
+    )
+
+
+def retry(chunk: Chunk, *, error: str, retries: int) -> bool:
+    """unfinished → retrying: the delivery failed transiently and is left for redelivery."""
+    return bool(Chunk.objects.filter(pk=chunk.pk, state__in=UNFINISHED).update(
+        state=Chunk.State.RETRYING,
+        failure_class=Chunk.FailureClass.TRANSIENT,
+        failures=F("failures") + 1,
+        transient_retries=F("transient_retries") + retries,
+        last_error=error,
+    ))
+
+
+def dead_letter(chunk: Chunk, reason: str, failure_class: str) -> bool:
+    """unfinished → dead_lettered with the class of its failure; False if it had finished
+    (a committed chunk is never dead-lettered)."""
+    with transaction.atomic():
+        updated = Chunk.objects.filter(pk=chunk.pk, state__in=UNFINISHED).update(
+            state=Chunk.State.DEAD_LETTERED,
+            dead_lettered_at=timezone.now(),
+            last_error=reason,
+            failure_class=failure_class,
+            dead_letters=F("dead_letters") + 1,
+        )
+        if updated:
+            settle_run(chunk.run_id)
+    if updated:
+        log.warning(
+            "chunk dead-lettered",
+            run_id=str(chunk.run_id),
+            chunk_id=chunk.seq,
+            policy=chunk.run.policy,
+            outcome="dead_lettered",
+            failure_class=failure_class,
+            reason=reason.splitlines()[0] if reason else "",
+        )
+    return bool(updated)
+
+
+def requeue(pks: Iterable[int]) -> list[Chunk]:
+    """dead_lettered → enqueued, unless the run was cancelled; the runs reopen.
+
+    The deliveries that never completed are set aside, so the poison limit counts
+    afresh; the counters themselves keep adding. Returns the chunks requeued, locked.
+    """
+    chunks = list(
+        Chunk.objects.select_for_update()
+        .filter(pk__in=list(pks), state=Chunk.State.DEAD_LETTERED)
+        .exclude(run__state=Run.State.CANCELLED)
+    )
+    now = timezone.now()
+    for chunk in chunks:
+        chunk.unfinished_forgiven = chunk.deliveries - chunk.deliveries_completed
+        chunk.state = Chunk.State.ENQUEUED
+        chunk.enqueued_at = now
+        chunk.save(update_fields=["unfinished_forgiven", "state", "enqueued_at"])
+    for run_id in {c.run_id for c in chunks}:
+        settle_run(run_id)
+    return chunks
+
+
+def discard(pks: Iterable[int], reason: str) -> list[Chunk]:
+    """dead_lettered → discarded with a reason; their runs may complete."""
+    chunks = list(
+        Chunk.objects.select_for_update()
+        .filter(pk__in=list(pks), state=Chunk.State.DEAD_LETTERED)
+    )
+    Chunk.objects.filter(pk__in=[c.pk for c in chunks]).update(
+        state=Chunk.State.DISCARDED, discard_reason=reason, discarded_at=timezone.now()
+    )
+    for run_id in {c.run_id for c in chunks}:
+        settle_run(run_id)
+    return chunks
+
+
+def cancel_runs(run_ids: Iterable) -> list[tuple[Run, int]]:
+    """running → cancelled, and each run's unfinished chunks → cancelled.
+
+    Chunks are locked before runs: the order a committing worker takes its locks in.
+    Returns each cancelled run with the number of its chunks cancelled.
+    """
+    run_ids = list(run_ids)
+    unfinished = list(
+        Chunk.objects.select_for_update()
+        .filter(run_id__in=run_ids, state__in=UNFINISHED)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    runs = list(Run.objects.select_for_update().filter(pk__in=run_ids, state=Run.State.RUNNING))
+    now = timezone.now()
+    cancelled = []
+    for run in runs:
+        chunks = Chunk.objects.filter(run=run, pk__in=unfinished, state__in=UNFINISHED).update(
+            state=Chunk.State.CANCELLED
+        )
+        run.state, run.finished_at = Run.State.CANCELLED, now
+        run.save(update_fields=["state", "finished_at"])
+        cancelled.append((run, chunks))
+    return cancelled
+
+
+def settle_run(run_id) -> Run:
+    """Bring a run's state in line with its chunks; a cancelled run stays cancelled.
+
+    Running while any chunk is unfinished; then completed, or completed with dead
+    letters. Locking the run row serialises the last chunks of a run: a chunk
+    committing at the same moment waits here, then its count sees this one's commit.
+    """
+    run = Run.objects.select_for_update().get(pk=run_id)
+    if run.state == Run.State.CANCELLED:
+        return run
+    chunks = Chunk.objects.filter(run_id=run_id)
+    if chunks.filter(state__in=UNFINISHED).exists():
+        state = Run.State.RUNNING
+    elif chunks.filter(state=Chunk.State.DEAD_LETTERED).exists():
+        state = Run.State.COMPLETED_WITH_DEAD_LETTERS
+    else:
+        state = Run.State.COMPLETED
+    if state != run.state:
+        run.state = state
+        run.finished_at = None if state == Run.State.RUNNING else timezone.now()
+        run.save(update_fields=["state", "finished_at"])
+        log.info("run settled", run_id=str(run.id), policy=run.policy, state=str(state))
+    return run
