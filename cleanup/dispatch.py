@@ -178,13 +178,14 @@ def _plan_and_send(run: Run, policy: Policy, *, sync: bool) -> tuple[int, int]:
         transaction.on_commit(lambda: transport.send_planned(run.id))
 
     planned_chunks = plan(policy, run.frozen, run.scheme, run.chunk_size, run.max_span)
+    partitioned = policy.partition_column is not None
     for seq, planned in enumerate(planned_chunks, start=1):
         batch.append(
             Chunk(
                 run=run,
                 seq=seq,
                 state=state,
-                message=_message(run, seq, planned),
+                message=_message(run, seq, planned, partitioned=partitioned),
                 planned_rows=planned.rows,
                 planned_at=now,
                 enqueued_at=now if in_transaction else None,
@@ -199,10 +200,11 @@ def _plan_and_send(run: Run, policy: Policy, *, sync: bool) -> tuple[int, int]:
     return candidates, chunks
 
 
-def _message(run: Run, seq: int, planned: PlannedChunk) -> dict:
+def _message(run: Run, seq: int, planned: PlannedChunk, *, partitioned: bool) -> dict:
     if planned.items is not None:
         return messages.items_message(run, seq, planned.items)
-    return messages.range_message(run, seq, planned.partition, planned.start_id, planned.end_id)
+    return messages.range_message(run, seq, planned.partition, planned.start_id, planned.end_id,
+                                  partitioned=partitioned)
 
 
 def _in_flight(policy: Policy, within: timedelta) -> Run | None:

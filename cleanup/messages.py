@@ -42,6 +42,7 @@ class ChunkMessage:
     parameters: dict[str, datetime] | None = None
     items: list[tuple[Any, datetime | str | None]] | None = None
     partition: Any = None
+    whole_table: bool = False  # a range over the whole table: no partition
     start_id: int | None = None
     end_id: int | None = None
 
@@ -76,11 +77,13 @@ def items_message(run, chunk_id: int, items) -> dict:
     }
 
 
-def range_message(run, chunk_id: int, partition, start_id: int, end_id: int) -> dict:
-    """Return the JSON-safe message of a range chunk: half-open [start_id, end_id)."""
+def range_message(run, chunk_id: int, partition, start_id: int, end_id: int, *,
+                  partitioned: bool = True) -> dict:
+    """Return the JSON-safe message of a range chunk: half-open [start_id, end_id), in
+    one partition (``tenant_id``) or, without one, over the whole table."""
     return {
         **header(run, chunk_id),
-        "tenant_id": _json_key(partition),
+        **({"tenant_id": _json_key(partition)} if partitioned else {}),
         "start_id": start_id,
         "end_id": end_id,
     }
@@ -148,15 +151,16 @@ def parse(raw: Any) -> ChunkMessage:
                 raise bad("each item must be a [pk, observed value] pair")
             pairs.append((item[0], _observed(item[1], bad)))
         return ChunkMessage(**fields, items=pairs)
-    if {"tenant_id", "start_id", "end_id"} <= data.keys():
+    whole_table = version >= 3 and "tenant_id" not in data
+    if {"start_id", "end_id"} <= data.keys() and ("tenant_id" in data or whole_table):
         start_id, end_id = data["start_id"], data["end_id"]
         if not all(type(v) is int for v in (start_id, end_id)):
             raise bad("start_id and end_id must be integers")
         if start_id >= end_id:
             raise bad(f"empty range [{start_id}, {end_id})")
-        return ChunkMessage(**fields, partition=data["tenant_id"], start_id=start_id,
-                            end_id=end_id)
-    raise bad("message has neither items nor a tenant_id/start_id/end_id range")
+        return ChunkMessage(**fields, partition=data.get("tenant_id"), whole_table=whole_table,
+                            start_id=start_id, end_id=end_id)
+    raise bad("message has neither items nor a start_id/end_id range")
 
 
 def as_dict(raw: Any) -> dict | None:

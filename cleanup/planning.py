@@ -90,7 +90,8 @@ def _after_observed(observed: str):
 def plan_ranges(
     policy: Policy, frozen: dict[str, datetime], size: int, max_span: int | None = None
 ) -> Iterator[PlannedChunk]:
-    """Yield half-open pk ranges per partition of at most ``size`` eligible rows.
+    """Yield half-open pk ranges per partition (or over the whole table) of at most
+    ``size`` eligible rows.
 
     With ``max_span``, no range spans more than ``max_span`` ids.
     A partition's ranges are disjoint, in pk order, cover every eligible row, and none
@@ -105,7 +106,9 @@ def plan_ranges(
     """
     column = policy.partition_column
     eligible = policy.eligible_rows(frozen)
-    by_pk = {"partition_by": [F(column)], "order_by": F("pk").asc()}
+    # Without a partition column, one partition: the whole table.
+    by_pk = {"partition_by": [F(column)] if column else None, "order_by": F("pk").asc()}
+    grouping = [column] if column else []
     boundaries = (
         eligible.annotate(
             position=Window(RowNumber(), **by_pk),
@@ -113,12 +116,14 @@ def plan_ranges(
             offset=Mod(F("position") - 1, size),
         )
         .filter(Q(offset=0) | Q(following__isnull=True))
-        .order_by(column, "pk")
-        .values_list(column, "pk", "position", "offset", "following")
+        .order_by(*grouping, "pk")
+        .values_list(*grouping, "pk", "position", "offset", "following")
     )
 
     start = None  # (pk, position) of the range being filled
-    for partition, pk, position, offset, following in boundaries.iterator(chunk_size=2000):
+    for row in boundaries.iterator(chunk_size=2000):
+        partition, (pk, position, offset, following) = (
+            (row[0], row[1:]) if column else (None, row))
         if offset == 0:
             if start is not None:
                 # Same partition: the range ends where the next one starts.
@@ -132,7 +137,7 @@ def plan_ranges(
             start = None
 
 
-def _within_span(eligible, column: str, partition, start: int, end: int, rows: int,
+def _within_span(eligible, column: str | None, partition, start: int, end: int, rows: int,
                  max_span: int | None) -> Iterator[PlannedChunk]:
     """Yield [start, end) as planned, or cut into ranges no wider than ``max_span``
     around the eligible ids it holds now."""
@@ -140,7 +145,7 @@ def _within_span(eligible, column: str, partition, start: int, end: int, rows: i
         yield PlannedChunk(rows, None, partition, start, end)
         return
     ids = (
-        eligible.filter(**{column: partition}, pk__gte=start, pk__lt=end)
+        eligible.filter(**({column: partition} if column else {}), pk__gte=start, pk__lt=end)
         .order_by("pk")
         .values_list("pk", flat=True)
     )

@@ -28,7 +28,9 @@ class Policy:
     retention deadline such as ``cutoff - retention``): they are computed once, at
     dispatch, and stored with the run, so no worker or replay reads a setting to decide
     eligibility. ``observed_field`` is the column whose planned value an items chunk
-    carries and re-checks; ``partition_field`` splits range chunks (per tenant).
+    carries and re-checks; ``partition_field`` splits range chunks (per tenant), and
+    None makes them half-open id intervals over the whole table (a DELETE over one id
+    interval then visits each heap page once, not once per tenant).
     ``schedule`` is a cron expression for django-q2, or None for manual runs only.
     """
 
@@ -36,7 +38,7 @@ class Policy:
     model_label: str
     eligible: Callable[[datetime], Q]
     observed_field: str
-    partition_field: str
+    partition_field: str | None
     scheme: str = ITEMS
     chunk_size: int = 500
     schedule: str | None = None
@@ -65,8 +67,11 @@ class Policy:
         return apps.get_model(self.model_label)
 
     @property
-    def partition_column(self) -> str:
-        """The attribute holding the partition's raw value (``tenant_id`` for an FK)."""
+    def partition_column(self) -> str | None:
+        """The attribute holding the partition's raw value (``tenant_id`` for an FK), or
+        None when range chunks span the whole table."""
+        if self.partition_field is None:
+            return None
         return self.model._meta.get_field(self.partition_field).attname
 
     def freeze(self, cutoff: datetime) -> dict[str, datetime]:

@@ -10,6 +10,8 @@ from django.db.models import Count
 
 from cleanup.policies import ITEMS, Policy
 
+WHOLE_TABLE = "whole table"
+
 
 @dataclass(frozen=True)
 class Preview:
@@ -29,13 +31,13 @@ def preview(policy: Policy, cutoff: datetime, scheme: str, size: int) -> Preview
     range wider than the run's span cap is cut further when planned.
     """
     column = policy.partition_column
-    counts = (
-        policy.eligible_rows(policy.freeze(cutoff))
-        .values_list(column)
-        .annotate(rows=Count("pk"))
-        .order_by(column)
-    )
-    rows_by_partition = dict(counts)
+    eligible = policy.eligible_rows(policy.freeze(cutoff))
+    if column is None:  # ranges over the whole table
+        rows = eligible.count()
+        rows_by_partition = {WHOLE_TABLE: rows} if rows else {}
+    else:
+        rows_by_partition = dict(
+            eligible.values_list(column).annotate(rows=Count("pk")).order_by(column))
     if scheme == ITEMS:
         chunks = ceil(sum(rows_by_partition.values()) / size)
     else:

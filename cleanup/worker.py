@@ -78,11 +78,8 @@ def delete_statement(policy: Policy, message: ChunkMessage, frozen: dict[str, da
     rows = policy.eligible_rows(frozen)
     if message.items is not None:
         return rows.filter(PairsIn("pk", policy.observed_field, message.items))
-    return rows.filter(
-        **{policy.partition_column: message.partition},
-        pk__gte=message.start_id,
-        pk__lt=message.end_id,
-    )
+    partition = {policy.partition_column: message.partition} if policy.partition_column else {}
+    return rows.filter(**partition, pk__gte=message.start_id, pk__lt=message.end_id)
 
 
 def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) -> Outcome:
@@ -219,9 +216,10 @@ def _same_work(raw, received: ChunkMessage, ledger_copy: dict) -> bool:
     if messages.as_dict(raw) == ledger_copy:
         return True
     planned = messages.parse(ledger_copy)
-    return (received.items, received.partition, received.start_id, received.end_id) == (
-        planned.items, planned.partition, planned.start_id, planned.end_id
-    )
+    covered = ("items", "whole_table", "partition", "start_id", "end_id")
+    return [getattr(received, name) for name in covered] == [
+        getattr(planned, name) for name in covered
+    ]
 
 
 def _unfinished(chunk: Chunk) -> int:

@@ -64,6 +64,14 @@ class SeatHold(models.Model):
                 condition=Q(status="held"),
                 name="seathold_held_by_tenant",
             ),
+            # Whole-table range planning numbers the eligible ids in order from this
+            # index alone.
+            models.Index(
+                fields=["id"],
+                include=["expires_at"],
+                condition=Q(status="held"),
+                name="seathold_held_by_id",
+            ),
             models.Index(fields=["section", "status"], name="seathold_section_status"),
         ]
 

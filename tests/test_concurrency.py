@@ -70,9 +70,10 @@ def hold_lock_while(pk: int, ready: threading.Event, release: threading.Event, c
         assert release.wait(30)
 
 
-def test_renewal_holding_the_row_lock_survives_a_waiting_delete():
+@pytest.mark.parametrize("scheme", ["items", "range"])  # range: over the whole table
+def test_renewal_holding_the_row_lock_survives_a_waiting_delete(scheme):
     hold = SeatHoldFactory(expired=True)
-    chunk = dispatch("expire-holds").run.chunks.get()
+    chunk = dispatch("expire-holds", scheme=scheme).run.chunks.get()
     renewed, release = threading.Event(), threading.Event()
     renewer = Worker(hold_lock_while, hold.pk, renewed, release, renew_hold)
     renewer.start()

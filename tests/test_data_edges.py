@@ -100,3 +100,12 @@ def test_a_malformed_message_naming_a_finished_chunk_is_kept_and_logged(expired_
                for e in events)
     chunk.refresh_from_db()
     assert chunk.state == Chunk.State.COMMITTED
+
+
+@pytest.mark.parametrize("raw", ["\x00\x1e", {"version": 3, "run_id": "00000000-0000-0000-0000"
+                                              "-000000000000", "chunk_id": -1},
+                                 {"version": 3, "chunk_id": 10**30}])
+def test_any_malformed_message_is_kept_as_an_orphan_whatever_it_holds(db, raw):
+    assert apply_chunk(raw) == Outcome.DEAD_LETTERED
+    orphan = OrphanMessage.objects.get()
+    assert orphan.chunk_id is None and "\x00" not in orphan.raw

@@ -135,9 +135,23 @@ def test_dry_run_counts_and_writes_nothing(expired_holds, chunk_size):
 def test_any_policy_can_use_the_other_scheme(expired_holds):
     result = dispatch("expire-holds", scheme="range")
     (chunk,) = chunks_of(result.run)
-    assert chunk.message["tenant_id"] == expired_holds[0].tenant_id
+    assert "tenant_id" not in chunk.message  # expire-holds ranges span the whole table
     assert chunk.message["start_id"] == expired_holds[0].pk
     assert chunk.message["end_id"] == expired_holds[-1].pk + 1
+
+
+def test_whole_table_ranges_tile_every_tenant_eligible_ids_in_bounded_chunks(db, chunk_size):
+    chunk_size("expire-holds", 3)
+    holds = [SeatHoldFactory(expired=True) for _ in range(7)]  # seven tenants, interleaved
+    SeatHoldFactory()  # active: not a candidate
+
+    chunks = chunks_of(dispatch("expire-holds", scheme="range").run)
+
+    assert [c.planned_rows for c in chunks] == [3, 3, 1]
+    spans = [(c.message["start_id"], c.message["end_id"]) for c in chunks]
+    assert spans[0][0] == holds[0].pk and spans[-1][1] == holds[-1].pk + 1
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))  # no gap
+    assert len({h.tenant_id for h in holds}) == 7
 
 
 def test_sync_dispatch_applies_chunks_without_the_queue(expired_holds):

@@ -205,6 +205,30 @@ def test_captured_delete_carries_the_whole_predicate_in_its_own_where(expired_ho
     )
 
 
+def test_whole_table_range_delete_carries_bounds_and_predicate_without_a_tenant(
+        expired_holds):
+    (chunk,) = chunks_of(dispatch("expire-holds", scheme="range").run)
+
+    with CaptureQueriesContext(connection) as queries:
+        assert apply_chunk(chunk.message) == Outcome.DELETED
+
+    (delete,) = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("DELETE")]
+    where = delete.split(" WHERE ", 1)[1]
+    assert "SELECT" not in where and '"tenant_id"' not in where
+    for column in ('"status" = \'held\'', '"expires_at" <=', '"id" >=', '"id" <'):
+        assert column in where
+
+
+def test_a_range_message_missing_its_tenant_for_a_partitioned_policy_is_refused(db):
+    ReminderAttemptFactory(stale=True)
+    chunk = dispatch("purge-reminder-attempts").run.chunks.get()
+    forged = {k: v for k, v in chunk.message.items() if k != "tenant_id"}
+
+    assert apply_chunk(forged) == Outcome.DEAD_LETTERED
+    chunk.refresh_from_db()
+    assert "differ from the chunk in the ledger" in chunk.last_error
+
+
 def test_range_delete_carries_tenant_bounds_and_predicate(db):
     stale = ReminderAttemptFactory.create_batch(3, stale=True)
     run = dispatch("purge-reminder-attempts").run
