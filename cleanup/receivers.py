@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 
 import structlog
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 from django.db.models import Q
 from django.dispatch import receiver
 from django_q.signals import post_execute, pre_enqueue
@@ -52,4 +52,12 @@ def record_slot_fired(sender, task, **kwargs) -> None:
     arguments = task.get("kwargs") or {}
     if "policy" in arguments and "scheduled_for" in arguments:
         slot_at = datetime.fromisoformat(arguments["scheduled_for"])
-        triggers.record_fire(arguments["policy"], slot_at)
+        try:
+            # A savepoint: a failure here must not roll back the scheduler's whole pass
+            # (every other schedule, the heartbeat). The dispatch task records the slot
+            # too, so only the firing time is lost.
+            with transaction.atomic():
+                triggers.record_fire(arguments["policy"], slot_at)
+        except DatabaseError as exc:
+            log.warning("schedule slot not recorded", policy=arguments["policy"],
+                        slot=slot_at.isoformat(), error=str(exc))

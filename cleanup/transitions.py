@@ -113,11 +113,13 @@ def requeue(pks: Iterable[int]) -> list[Chunk]:
     The deliveries that never completed are set aside, so the poison limit counts
     afresh; the counters themselves keep adding. Returns the chunks requeued, locked.
     """
-    chunks = list(
-        Chunk.objects.select_for_update()
-        .filter(pk__in=list(pks), state=Chunk.State.DEAD_LETTERED)
-        .exclude(run__state=Run.State.CANCELLED)
-    )
+    dead = list(_lock_chunks(Chunk.objects.filter(pk__in=list(pks),
+                                                  state=Chunk.State.DEAD_LETTERED)))
+    # Then their runs, and only now is "not cancelled" settled: a cancel that committed
+    # while the chunks were being locked is seen here.
+    cancelled = set(Run.objects.select_for_update().filter(
+        pk__in={c.run_id for c in dead}, state=Run.State.CANCELLED).values_list("pk", flat=True))
+    chunks = [c for c in dead if c.run_id not in cancelled]
     now = timezone.now()
     for chunk in chunks:
         chunk.unfinished_forgiven = chunk.deliveries - chunk.deliveries_completed
@@ -131,10 +133,8 @@ def requeue(pks: Iterable[int]) -> list[Chunk]:
 
 def discard(pks: Iterable[int], reason: str) -> list[Chunk]:
     """dead_lettered → discarded with a reason; their runs may complete."""
-    chunks = list(
-        Chunk.objects.select_for_update()
-        .filter(pk__in=list(pks), state=Chunk.State.DEAD_LETTERED)
-    )
+    chunks = list(_lock_chunks(Chunk.objects.filter(pk__in=list(pks),
+                                                    state=Chunk.State.DEAD_LETTERED)))
     Chunk.objects.filter(pk__in=[c.pk for c in chunks]).update(
         state=Chunk.State.DISCARDED, discard_reason=reason, discarded_at=timezone.now()
     )
@@ -151,9 +151,7 @@ def cancel_runs(run_ids: Iterable) -> list[tuple[Run, int]]:
     """
     run_ids = list(run_ids)
     unfinished = list(
-        Chunk.objects.select_for_update()
-        .filter(run_id__in=run_ids, state__in=UNFINISHED)
-        .order_by("pk")
+        _lock_chunks(Chunk.objects.filter(run_id__in=run_ids, state__in=UNFINISHED))
         .values_list("pk", flat=True)
     )
     runs = list(Run.objects.select_for_update().filter(pk__in=run_ids, state=Run.State.RUNNING))
@@ -163,10 +161,21 @@ def cancel_runs(run_ids: Iterable) -> list[tuple[Run, int]]:
         chunks = Chunk.objects.filter(run=run, pk__in=unfinished, state__in=UNFINISHED).update(
             state=Chunk.State.CANCELLED
         )
+        # A chunk requeued between the first lock and the run's: cancel it too, unless a
+        # delivery holds it now (its commit then finds the run cancelled and keeps it so).
+        late = _lock_chunks(Chunk.objects.filter(run=run, state__in=UNFINISHED),
+                            skip_locked=True).values_list("pk", flat=True)
+        chunks += Chunk.objects.filter(pk__in=list(late)).update(state=Chunk.State.CANCELLED)
         run.state, run.finished_at = Run.State.CANCELLED, now
         run.save(update_fields=["state", "finished_at"])
         cancelled.append((run, chunks))
     return cancelled
+
+
+def _lock_chunks(chunks, *, skip_locked: bool = False):
+    """Lock chunk rows only (not their runs, which the default ordering would join), in pk
+    order: chunks before runs, the order a committing worker takes its locks in."""
+    return chunks.select_for_update(of=("self",), skip_locked=skip_locked).order_by("pk")
 
 
 def settle_run(run_id) -> Run:

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from cleanup import ledger, messages, transitions
 from cleanup.conf import conf
-from cleanup.exceptions import CleanupError, MalformedMessage, UnknownPolicy
+from cleanup.exceptions import MalformedMessage, UnknownPolicy
 from cleanup.expressions import PairsIn
 from cleanup.messages import ChunkMessage
 from cleanup.models import Chunk
@@ -193,10 +193,12 @@ def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
 
 
 def _derived_names(policy: Policy, run) -> set[str]:
+    """The names the policy derives now; if it cannot derive at all (a setting changed
+    since), the run's own frozen names stand: they are what the run planned with."""
     try:
         return set(policy.freeze(run.cutoff)) - {"cutoff"}
-    except CleanupError:
-        return set()
+    except Exception:  # noqa: BLE001 - a broken derive must not block frozen runs
+        return set(run.parameters)
 
 
 def _refuse(raw, chunk: Chunk, reason: str, failure_class: str) -> None:

@@ -70,3 +70,14 @@ def test_a_run_settles_from_its_chunks_and_a_cancelled_run_stays_cancelled(expir
     transitions.commit(chunk, deleted=0, retries=0, elapsed=0.0)  # a late delivery
     assert Run.objects.get(pk=run.pk).state == Run.State.CANCELLED
     assert transitions.settle_run(run.pk).state == Run.State.CANCELLED
+
+
+def test_a_dead_letter_of_a_cancelled_run_is_not_requeued(expired_holds):
+    run = dispatch("expire-holds").run
+    chunk = run.chunks.get()
+    transitions.dead_letter(chunk, "bad", "malformed")
+    Run.objects.filter(pk=run.pk).update(state=Run.State.CANCELLED)
+
+    assert transitions.requeue([chunk.pk]) == []
+    chunk.refresh_from_db()
+    assert chunk.state == S.DEAD_LETTERED
