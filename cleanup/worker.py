@@ -165,11 +165,11 @@ def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
             reason = "message policy or cutoff does not match its run"
         elif message.parameters is not None and message.parameters != run.frozen_parameters:
             reason = "message parameters do not match the ones its run froze"
-        elif set(run.parameters) != _derived_names(policy, run):
-            reason = (
-                f"run froze parameters {sorted(run.parameters)} but policy {policy.name!r} "
-                f"now derives {sorted(_derived_names(policy, run))}: replay it with a new cutoff"
-            )
+        elif policy.derive is not None and not run.parameters:
+            # Planned before parameters were frozen: recomputing them would read today's
+            # settings, so the run is left to an operator's replay.
+            reason = (f"run froze no parameters but policy {policy.name!r} derives some: "
+                      "replay it with a new cutoff")
         elif not _same_work(raw, message, chunk.message):
             reason = "message items or range differ from the chunk in the ledger"
         elif (
@@ -190,15 +190,6 @@ def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
         _refuse(raw, chunk, reason, failure_class)
         chunk.state = Chunk.State.DEAD_LETTERED
     return chunk
-
-
-def _derived_names(policy: Policy, run) -> set[str]:
-    """The names the policy derives now; if it cannot derive at all (a setting changed
-    since), the run's own frozen names stand: they are what the run planned with."""
-    try:
-        return set(policy.freeze(run.cutoff)) - {"cutoff"}
-    except Exception:  # noqa: BLE001 - a broken derive must not block frozen runs
-        return set(run.parameters)
 
 
 def _refuse(raw, chunk: Chunk, reason: str, failure_class: str) -> None:

@@ -105,3 +105,14 @@ def test_the_run_page_shows_the_frozen_parameters(admin_client, attempts):
     run = dispatch(PURGE_REMINDERS).run
     page = admin_client.get(reverse("admin:cleanup_run_change", args=[run.pk]))
     assert f"sent_before = {run.parameters['sent_before']}" in page.content.decode()
+
+
+def test_a_run_that_froze_no_parameters_is_dead_lettered_not_recomputed(settings, attempts):
+    chunk = dispatch(PURGE_REMINDERS).run.chunks.get()
+    Run.objects.filter(pk=chunk.run_id).update(parameters={})  # planned before 0003
+    old_format = {k: v for k, v in chunk.message.items() if k != "parameters"} | {"version": 2}
+
+    assert apply_chunk(old_format) == Outcome.DEAD_LETTERED
+    chunk.refresh_from_db()
+    assert "froze no parameters" in chunk.last_error
+    assert ReminderAttempt.objects.count() == 6
