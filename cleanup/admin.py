@@ -19,7 +19,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import ngettext
 
 from cleanup import health as health_report
-from cleanup import operations, sizing
+from cleanup import operations, planning, sizing
 from cleanup.conf import lease
 from cleanup.dispatch import dispatch
 from cleanup.exceptions import CleanupError
@@ -119,8 +119,9 @@ class RunAdmin(LedgerAdmin):
     search_fields = ("dispatch_key",)
     actions = ["replay_runs", "cancel_runs"]
     fields = ("id", "policy", "scheme", "state", "trigger", "replay_link", "dispatch_key",
-              "cutoff_exact", "frozen_parameters", "candidates", "chunks_planned", "chunk_size",
-              "max_span", "created_at", "finished_at")
+              "cutoff_exact", "frozen_parameters", "candidates", "chunks_planned",
+              "planning_progress", "window", "chunk_size", "next_chunk_size", "max_span",
+              "created_at", "finished_at")
     readonly_fields = fields
 
     def get_queryset(self, request):
@@ -167,8 +168,22 @@ class RunAdmin(LedgerAdmin):
 
     @admin.display(description="progress")
     def progress(self, run):
+        # A run still planning as it goes has more chunks to come than planned so far.
+        planned = f"{run.chunks_planned}" if run.planned_all else f"{run.chunks_planned}+"
         return format_html('<progress value="{}" max="{}"></progress> {}/{}', run.done,
-                           max(run.chunks_planned, 1), run.done, run.chunks_planned)
+                           max(run.chunks_planned, 1), run.done, planned)
+
+    @admin.display(description="planning")
+    def planning_progress(self, run):
+        """How far the frontier has got through the run's span."""
+        if run.planned_all:
+            return "every chunk planned"
+        parts = ["planning as chunks finish"]
+        if (at := planning.position(run)) is not None:
+            parts.append(f"{at:.0%} through its span")
+        if (left := planning.remaining_rows(run)) is not None:
+            parts.append(f"about {left:,} rows to go")
+        return ", ".join(parts)
 
     @admin.display(description="rows deleted", ordering="deleted")
     def rows_deleted(self, run):
@@ -301,8 +316,10 @@ class RunAdmin(LedgerAdmin):
     def _started(self, request, run, created, log_message):
         if created:
             self.log_change(request, run, log_message)
-            self.message_user(request, f"Started run {run.id}: {run.chunks_planned} chunks "
-                              f"for {run.candidates} rows.", messages.SUCCESS)
+            planned = (f"{run.chunks_planned} chunks for {run.candidates} rows" if
+                       run.planned_all else f"first {run.chunks_planned} chunks sent, the rest "
+                       "planned as they finish")
+            self.message_user(request, f"Started run {run.id}: {planned}.", messages.SUCCESS)
         else:
             self.message_user(request, f"Run {run.id} had already been started; "
                               "nothing new was sent.", messages.WARNING)

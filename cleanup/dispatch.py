@@ -1,4 +1,5 @@
-"""Start a run: freeze its cutoff, plan its chunks and send them, all in one transaction."""
+"""Start a run: freeze its cutoff, record its span and send its first window of chunks,
+all in one transaction; the run plans the rest as it goes (cleanup.window)."""
 
 from __future__ import annotations
 
@@ -7,26 +8,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import structlog
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 from django_q.conf import Conf
 
-from cleanup import messages, sizing, transitions, transport
+from cleanup import planning, sizing, transitions, window
 from cleanup.cutoffs import frozen_cutoff
 from cleanup.exceptions import BadKey, KeyReused
 from cleanup.models import Chunk, Run
-from cleanup.planning import PlannedChunk, plan
 from cleanup.policies import Policy, check_scheme, get_policy
 from cleanup.preview import preview
 
 log = structlog.get_logger("cleanup.dispatch")
-
-# Chunks inserted and enqueued per round trip, and the items (pairs carried in their
-# messages) a batch may hold: together they bound the memory planning holds.
-INSERT_BATCH = 100
-INSERT_BATCH_ITEMS = 20_000
-
 
 @dataclass(frozen=True)
 class DispatchResult:
@@ -39,6 +33,9 @@ class DispatchResult:
     chunks: int
     dry_run: bool = False
     coalesced: bool = False  # the run in flight that took this request
+    # False while the run still plans its chunks as it goes: candidates and chunks
+    # count only what is planned so far.
+    planned_all: bool = True
 
 
 def dispatch(
@@ -85,12 +82,15 @@ def dispatch(
     sync = sync or Conf.SYNC
     try:
         with transaction.atomic():
-            _lock_policy(policy)
+            window.lock_policy(policy.name)
             if coalesce_within is not None and (in_flight := _in_flight(policy,
                                                                         coalesce_within)):
                 return DispatchResult(in_flight, False, policy.name, in_flight.scheme,
                                       in_flight.cutoff, in_flight.candidates,
-                                      in_flight.chunks_planned, coalesced=True)
+                                      in_flight.chunks_planned, coalesced=True,
+                                      planned_all=in_flight.planned_all)
+            size = sizing.chunk_size(policy, scheme)
+            span = planning.span(policy, frozen, scheme)
             run = Run.objects.create(
                 policy=policy.name,
                 dispatch_key=key,
@@ -100,12 +100,21 @@ def dispatch(
                 scheme=scheme,
                 trigger=trigger,
                 replay_of=replay_of,
-                chunk_size=(size := sizing.chunk_size(policy, scheme)),
+                chunk_size=size,
+                next_chunk_size=size,
                 max_span=sizing.max_span(policy, scheme, size),
+                span_start=span.start,
+                span_end=span.end,
+                frontier=span.frontier,
+                planned_all=span.frontier is None,
+                window=window.size(policy),
+                in_process=sync,
             )
-            run.candidates, run.chunks_planned = _plan_and_send(run, policy, sync=sync)
-            run.save(update_fields=["candidates", "chunks_planned"])
-            if run.chunks_planned == 0:
+            # The first window; the run waits for room if the policy's other runs
+            # hold the whole window.
+            window.top_up(policy.name)
+            run.refresh_from_db()
+            if run.planned_all and run.chunks_planned == 0:
                 run = transitions.settle_run(run.pk)  # nothing to do: completed
     except IntegrityError:
         # Another dispatcher with the same key committed first.
@@ -121,6 +130,8 @@ def dispatch(
         trigger=str(trigger),
         candidates=run.candidates,
         chunks=run.chunks_planned,
+        planned_all=run.planned_all,
+        window=run.window,
         chunk_size=run.chunk_size,
         max_span=run.max_span,
     )
@@ -128,7 +139,8 @@ def dispatch(
         apply_in_process(run)
         run.refresh_from_db()
     return DispatchResult(
-        run, True, policy.name, scheme, cutoff, run.candidates, run.chunks_planned
+        run, True, policy.name, scheme, cutoff, run.candidates, run.chunks_planned,
+        planned_all=run.planned_all,
     )
 
 
@@ -145,83 +157,25 @@ def check_key(key: str | None) -> str | None:
 
 
 def apply_in_process(run: Run) -> None:
-    """Apply a run's unfinished chunks here, one after another, without the queue."""
+    """Apply a run's chunks here, one after another, without the queue, until it has
+    none left unfinished (each commit plans the next)."""
     from cleanup.worker import apply_chunk
 
-    for chunk in run.chunks.filter(state__in=Chunk.UNFINISHED).order_by("seq"):
-        apply_chunk(chunk.message)
-        transitions.acknowledge(Q(pk=chunk.pk))
-
-
-def _plan_and_send(run: Run, policy: Policy, *, sync: bool) -> tuple[int, int]:
-    """Write the run's chunks; send them in this transaction when the broker allows.
-
-    With another broker the messages go out after the commit (a message for a chunk
-    that never committed would mean nothing); a crash in between leaves the chunks
-    planned, and the reconciler sends them.
-    """
-    now = timezone.now()
-    in_transaction = not sync and transport.queue_shares_transaction()
-    state = Chunk.State.ENQUEUED if in_transaction else Chunk.State.PLANNED
-    candidates = chunks = batch_items = 0
-    batch: list[Chunk] = []
-
-    def flush() -> None:
-        nonlocal batch_items
-        Chunk.objects.bulk_create(batch)
-        if in_transaction:
-            transport.send(batch)
-        batch.clear()
-        batch_items = 0
-
-    if not sync and not in_transaction:
-        transaction.on_commit(lambda: transport.send_planned(run.id))
-
-    planned_chunks = plan(policy, run.frozen, run.scheme, run.chunk_size, run.max_span)
-    partitioned = policy.partition_column is not None
-    for seq, planned in enumerate(planned_chunks, start=1):
-        batch.append(
-            Chunk(
-                run=run,
-                seq=seq,
-                state=state,
-                message=_message(run, seq, planned, partitioned=partitioned),
-                planned_rows=planned.rows,
-                planned_at=now,
-                enqueued_at=now if in_transaction else None,
-            )
-        )
-        candidates += planned.rows
-        chunks = seq
-        batch_items += len(planned.items or ())
-        if len(batch) >= INSERT_BATCH or batch_items >= INSERT_BATCH_ITEMS:
-            flush()
-    flush()
-    return candidates, chunks
-
-
-def _message(run: Run, seq: int, planned: PlannedChunk, *, partitioned: bool) -> dict:
-    if planned.items is not None:
-        return messages.items_message(run, seq, planned.items)
-    return messages.range_message(run, seq, planned.partition, planned.start_id, planned.end_id,
-                                  partitioned=partitioned)
+    while chunks := list(run.chunks.filter(state__in=Chunk.UNFINISHED).order_by("seq")):
+        for chunk in chunks:
+            apply_chunk(chunk.message)
+            transitions.acknowledge(Q(pk=chunk.pk))
 
 
 def _in_flight(policy: Policy, within: timedelta) -> Run | None:
+    """A running run of the policy that a new slot joins: one started within
+    ``within``, or one still planning (its chunks keep coming, whatever its age)."""
     return (
-        Run.objects.filter(policy=policy.name, state=Run.State.RUNNING,
-                           created_at__gte=timezone.now() - within)
+        Run.objects.filter(policy=policy.name, state=Run.State.RUNNING)
+        .filter(Q(created_at__gte=timezone.now() - within) | Q(planned_all=False))
         .order_by("-created_at")
         .first()
     )
-
-
-def _lock_policy(policy: Policy) -> None:
-    """Serialise planning per policy until the transaction ends."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"cleanup:{policy.name}"]
-        )
 
 
 def _existing(run: Run, request: tuple, *, sync: bool) -> DispatchResult:
@@ -244,5 +198,6 @@ def _existing(run: Run, request: tuple, *, sync: bool) -> DispatchResult:
         apply_in_process(run)
         run.refresh_from_db()
     return DispatchResult(
-        run, False, run.policy, run.scheme, run.cutoff, run.candidates, run.chunks_planned
+        run, False, run.policy, run.scheme, run.cutoff, run.candidates, run.chunks_planned,
+        planned_all=run.planned_all,
     )

@@ -41,14 +41,36 @@ class Run(models.Model):
         "self", null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False,
         related_name="replays",
     )
-    candidates = models.PositiveIntegerField(default=0)
+    # A run plans its chunks as it goes: these grow with each chunk planned, and
+    # planned_all says the frontier has passed the end of the span.
+    candidates = models.PositiveIntegerField(
+        default=0, help_text="Rows found eligible in the chunks planned so far."
+    )
     chunks_planned = models.PositiveIntegerField(default=0)
+    planned_all = models.BooleanField(
+        default=False, help_text="Every chunk is planned: the frontier passed the end."
+    )
+    # The key span at dispatch (range: lowest and highest primary key + 1; items: the
+    # oldest observed value, as epoch seconds, and the cutoff), and the frontier: where
+    # the next chunk starts (cleanup.planning). No frontier once planned_all.
+    span_start = models.BigIntegerField(null=True, blank=True)
+    span_end = models.BigIntegerField(null=True, blank=True)
+    frontier = models.JSONField(null=True, blank=True)
+    window = models.PositiveSmallIntegerField(
+        default=1, help_text="Chunks of the policy in flight at most, as at dispatch."
+    )
+    in_process = models.BooleanField(
+        default=False, help_text="Applied by the dispatching process (--sync), not queued."
+    )
     chunk_size = models.PositiveIntegerField(
-        default=0, help_text="Rows per chunk chosen at dispatch (cleanup.sizing)."
+        default=0, help_text="Rows of the run's first chunks."
+    )
+    next_chunk_size = models.PositiveIntegerField(
+        default=0, help_text="Rows of the next chunk, from the pace of the latest ones."
     )
     max_span = models.PositiveBigIntegerField(
         null=True, blank=True,
-        help_text="Widest id span of a range chunk (cleanup.sizing); empty: no cap.",
+        help_text="Widest id span of the next range chunk; empty: no cap.",
     )
     messages_sent = models.PositiveIntegerField(
         default=0, help_text="Chunk messages published: first sends and re-sends."

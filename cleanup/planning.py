@@ -1,18 +1,27 @@
-"""Split what a policy finds eligible under a run's frozen parameters into bounded chunks.
+"""Plan a run's chunks as it goes: its key span at dispatch, then one chunk at a time
+from its frontier.
 
-Both planners stream (items a page of one chunk at a time, ranges only the rows that
-open or close a range), so a backlog of millions never sits in memory.
+A frontier is where the next chunk starts, as JSON the run stores:
+
+- ranges over the whole table: ``{"next_id": n}``;
+- ranges per partition: ``{"partition": p, "next_id": n}``, in (partition, pk) order
+  (``partition`` null before the first one);
+- items: ``{"after": [observed text, pk]}`` in (observed value, pk) order (null before
+  the first row), then ``{"nulls_after": pk}`` for rows whose observed value is NULL.
+
+Each step reads only what the next chunk holds, through the index the policy should
+have on its eligible rows, so memory stays flat and a stretch where nothing is eligible
+is crossed by one index probe, not walked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import DateTimeField, F, Q, Value, Window
-from django.db.models.functions import Cast, Lead, Mod, RowNumber
+from django.db.models import Count, DateTimeField, Max, Min, Q, Value
+from django.db.models.functions import Cast
 
 from cleanup.expressions import ObservedText
 from cleanup.policies import ITEMS, Policy
@@ -28,133 +37,188 @@ class PlannedChunk:
     end_id: int | None = None
 
 
-def plan(
-    policy: Policy, frozen: dict[str, datetime], scheme: str, size: int,
-    max_span: int | None = None,
-) -> Iterator[PlannedChunk]:
-    """Plan the chunks of what ``policy`` finds eligible under a run's frozen parameters."""
+@dataclass(frozen=True)
+class Span:
+    """Where a run's planning starts and ends; ``frontier`` is None when nothing can be
+    eligible (an empty table)."""
+
+    start: int | None
+    end: int | None
+    frontier: dict | None
+
+
+def span(policy: Policy, frozen: dict[str, datetime], scheme: str) -> Span:
+    """Return a new run's key span and its first frontier.
+
+    Ranges: the lowest and highest primary key + 1, read from the ends of the primary
+    key index; rows inserted after dispatch lie beyond it and are the next run's.
+    Items: the oldest eligible observed value and the cutoff, as epoch seconds, for
+    showing the position only; the cursor itself starts before the first row.
+    """
     if scheme == ITEMS:
-        return plan_items(policy, frozen, size)
-    return plan_ranges(policy, frozen, size, max_span)
+        oldest = (policy.eligible_rows(frozen).order_by(policy.observed_field)
+                  .values_list(policy.observed_field, flat=True).first())
+        start = _epoch(oldest) if isinstance(oldest, datetime) else None
+        return Span(start, _epoch(frozen["cutoff"]) + 1, {"after": None})
+    keys = policy.model._default_manager.aggregate(low=Min("pk"), high=Max("pk"))
+    if keys["low"] is None:
+        return Span(None, None, None)
+    first = {"next_id": keys["low"]}
+    if policy.partition_column is not None:
+        first = {"partition": None, **first}
+    return Span(keys["low"], keys["high"] + 1, first)
 
 
-def plan_items(policy: Policy, frozen: dict[str, datetime], size: int) -> Iterator[PlannedChunk]:
-    """Yield chunks of [pk, observed value] pairs, by keyset pagination.
+def next_chunk(policy: Policy, frozen: dict[str, datetime], scheme: str, frontier: dict,
+               size: int, *, span_end: int | None = None,
+               max_span: int | None = None) -> tuple[PlannedChunk | None, dict | None]:
+    """Plan the chunk at ``frontier``; return it and the frontier after it.
+
+    The chunk is None when nothing eligible is left; the frontier is None once the span
+    is done (a chunk can still come with it: the last one).
+    """
+    if scheme == ITEMS:
+        return _next_items(policy, frozen, frontier, size)
+    return _next_range(policy, frozen, frontier, size, span_end, max_span)
+
+
+def _next_range(policy, frozen, frontier, size, span_end, max_span):
+    """The next half-open [start, end) of at most ``size`` eligible rows.
+
+    One index probe finds the first eligible id at the frontier (skipping any stretch
+    where none is), then one index range read counts ``size`` eligible ids from it: the
+    range ends after the last, so its span follows the density. With ``max_span`` it
+    ends no further than that from its start, which bounds the ids its DELETE walks
+    where eligible rows thin out.
+    """
+    column = policy.partition_column
+    eligible = policy.eligible_rows(frozen)
+    if span_end is not None:
+        eligible = eligible.filter(pk__lt=span_end)
+    while True:
+        first = _first_eligible(eligible, column, frontier)
+        if first is None:
+            return None, None
+        partition, start = first
+        stretch = eligible.filter(**({column: partition} if column else {}), pk__gte=start)
+        if max_span is not None:
+            stretch = stretch.filter(pk__lt=start + max_span)
+        found = stretch.order_by("pk")[:size].aggregate(rows=Count("pk"), last=Max("pk"))
+        if found["rows"]:
+            break
+        # The row the probe found stopped being eligible just now: look again past it.
+        frontier = {**frontier, "next_id": start + 1}
+        if column is not None:
+            frontier["partition"] = _json_safe(partition)
+    full = found["rows"] == size
+    end = found["last"] + 1 if full or max_span is None else start + max_span
+    if span_end is not None:
+        end = min(end, span_end)
+    planned = PlannedChunk(found["rows"], None, partition, start, end)
+    following = {"next_id": end}
+    if column is not None:
+        following = {"partition": _json_safe(partition), **following}
+    elif not full and max_span is None:
+        following = None  # nothing eligible is left beyond the last row counted
+    return planned, following
+
+
+def _first_eligible(eligible, column, frontier) -> tuple[Any, int] | None:
+    if column is None:
+        pk = (eligible.filter(pk__gte=frontier["next_id"]).order_by("pk")
+              .values_list("pk", flat=True).first())
+        return None if pk is None else (None, pk)
+    partition = frontier.get("partition")
+    if partition is not None:
+        # (partition, pk) >= (p, next id), with a bound the index can seek to.
+        eligible = eligible.filter(
+            (Q(**{f"{column}__gt": partition}) | Q(pk__gte=frontier["next_id"]))
+            & Q(**{f"{column}__gte": partition})
+        )
+    return eligible.order_by(column, "pk").values_list(column, "pk").first()
+
+
+def _next_items(policy, frozen, frontier, size):
+    """The next page of at most ``size`` [pk, observed value] pairs, by keyset.
 
     Pages follow (observed value, pk), the order of the index a policy should have on
     its eligible rows, so each page is a short index range scan. Observed values come
     back as the text the messages carry (ISO-8601, or PostgreSQL's own for what Python
-    cannot hold, such as -infinity): parsing a million timestamps and formatting them
-    again took longer than the queries. Rows whose observed value is NULL (where the
+    cannot hold, such as -infinity). Rows whose observed value is NULL (where the
     column allows it) come last, paged by pk alone.
     """
     observed = policy.observed_field
-    eligible = (
-        policy.eligible_rows(frozen)
-        .order_by(observed, "pk")
-        .values_list("pk", ObservedText(observed))
-    )
-    if not policy.model._meta.get_field(observed).null:
-        yield from _pages(eligible, size, _after_observed(observed))
-        return
-    yield from _pages(eligible.filter(**{f"{observed}__isnull": False}), size,
-                      _after_observed(observed))
-    yield from _pages(eligible.filter(**{f"{observed}__isnull": True}), size,
-                      lambda last_pk, _: Q(pk__gt=last_pk))
-
-
-def _pages(eligible, size: int, after) -> Iterator[PlannedChunk]:
-    """Yield pages of at most ``size`` items, each starting after the last one's item."""
-    page = eligible
-    while True:
-        items = list(page[:size])
-        if items:
-            yield PlannedChunk(rows=len(items), items=items)
-        if len(items) < size:
-            return
-        page = eligible.filter(after(*items[-1]))
-
-
-def _after_observed(observed: str):
-    def after(last_pk, last_text: str) -> Q:
-        # (observed, pk) > (last observed, last pk), with a bound the index can seek to;
-        # PostgreSQL reads the text back, infinities included.
-        last = Cast(Value(last_text), DateTimeField())
-        return (Q(**{f"{observed}__gt": last}) | Q(pk__gt=last_pk)) & Q(
-            **{f"{observed}__gte": last}
-        )
-
-    return after
-
-
-def plan_ranges(
-    policy: Policy, frozen: dict[str, datetime], size: int, max_span: int | None = None
-) -> Iterator[PlannedChunk]:
-    """Yield half-open pk ranges per partition (or over the whole table) of at most
-    ``size`` eligible rows.
-
-    With ``max_span``, no range spans more than ``max_span`` ids.
-    A partition's ranges are disjoint, in pk order, cover every eligible row, and none
-    is empty when planned. They tile its eligible span except where a range had to be
-    cut to ``max_span``: there they skip ids where no row is eligible, without visiting
-    them. That bounds the ids a DELETE walks through where eligible rows thin out (a
-    backlog's newest edge), which counting eligible rows alone does not.
-
-    One streamed query numbers each partition's eligible rows by pk and returns only
-    every ``size``-th and the last, in index order when an index on (partition, pk)
-    covers the predicate; a range found too wide reads its own ids to be cut.
-    """
-    column = policy.partition_column
+    nullable = policy.model._meta.get_field(observed).null
     eligible = policy.eligible_rows(frozen)
-    # Without a partition column, one partition: the whole table.
-    by_pk = {"partition_by": [F(column)] if column else None, "order_by": F("pk").asc()}
-    grouping = [column] if column else []
-    boundaries = (
-        eligible.annotate(
-            position=Window(RowNumber(), **by_pk),
-            following=Window(Lead("pk"), **by_pk),
-            offset=Mod(F("position") - 1, size),
-        )
-        .filter(Q(offset=0) | Q(following__isnull=True))
-        .order_by(*grouping, "pk")
-        .values_list(*grouping, "pk", "position", "offset", "following")
-    )
-
-    start = None  # (pk, position) of the range being filled
-    for row in boundaries.iterator(chunk_size=2000):
-        partition, (pk, position, offset, following) = (
-            (row[0], row[1:]) if column else (None, row))
-        if offset == 0:
-            if start is not None:
-                # Same partition: the range ends where the next one starts.
-                yield from _within_span(eligible, column, partition, start[0], pk,
-                                        position - start[1], max_span)
-            start = (pk, position)
-        if following is None:
-            # The partition's last eligible row closes its last range.
-            yield from _within_span(eligible, column, partition, start[0], pk + 1,
-                                    position - start[1] + 1, max_span)
-            start = None
+    if "nulls_after" not in frontier:
+        page = eligible.order_by(observed, "pk")
+        if nullable:
+            page = page.filter(**{f"{observed}__isnull": False})
+        if frontier["after"] is not None:
+            page = page.filter(_after_observed(observed, *frontier["after"]))
+        items = list(page.values_list("pk", ObservedText(observed))[:size])
+        if len(items) == size:
+            return _page(items), {"after": [items[-1][1], _json_safe(items[-1][0])]}
+        if not nullable:
+            return _page(items), None
+        if items:
+            # The last page of values; the NULLs follow in the chunk after.
+            return _page(items), {"nulls_after": None}
+        frontier = {"nulls_after": None}
+    page = eligible.filter(**{f"{observed}__isnull": True}).order_by("pk")
+    if frontier["nulls_after"] is not None:
+        page = page.filter(pk__gt=frontier["nulls_after"])
+    items = list(page.values_list("pk", ObservedText(observed))[:size])
+    following = {"nulls_after": _json_safe(items[-1][0])} if len(items) == size else None
+    return _page(items), following
 
 
-def _within_span(eligible, column: str | None, partition, start: int, end: int, rows: int,
-                 max_span: int | None) -> Iterator[PlannedChunk]:
-    """Yield [start, end) as planned, or cut into ranges no wider than ``max_span``
-    around the eligible ids it holds now."""
-    if max_span is None or end - start <= max_span:
-        yield PlannedChunk(rows, None, partition, start, end)
-        return
-    ids = (
-        eligible.filter(**({column: partition} if column else {}), pk__gte=start, pk__lt=end)
-        .order_by("pk")
-        .values_list("pk", flat=True)
-    )
-    group: list[int] = []
-    for pk in ids:
-        if group and pk - group[0] >= max_span:
-            yield PlannedChunk(len(group), None, partition, group[0], group[-1] + 1)
-            group = []
-        group.append(pk)
-    # Read after the boundaries: rows deleted or renewed since may have emptied it.
-    if group:
-        yield PlannedChunk(len(group), None, partition, group[0], group[-1] + 1)
+def _page(items):
+    return PlannedChunk(rows=len(items), items=items) if items else None
+
+
+def _after_observed(observed: str, last_text: str, last_pk) -> Q:
+    # (observed, pk) > (last observed, last pk), with a bound the index can seek to;
+    # PostgreSQL reads the text back, infinities included.
+    last = Cast(Value(last_text), DateTimeField())
+    return (Q(**{f"{observed}__gt": last}) | Q(pk__gt=last_pk)) & Q(**{f"{observed}__gte": last})
+
+
+def position(run) -> float | None:
+    """How far the run's frontier is through its span, from 0 to 1; None where the
+    span has no order to measure (ranges per partition, items with infinite values)."""
+    if run.planned_all:
+        return 1.0
+    if run.span_start is None or run.span_end is None or run.frontier is None:
+        return None
+    if "next_id" in run.frontier and "partition" not in run.frontier:
+        at = run.frontier["next_id"]
+    elif run.frontier.get("after"):
+        try:
+            at = _epoch(datetime.fromisoformat(run.frontier["after"][0]))
+        except ValueError:
+            return None
+    elif run.frontier.get("after", ...) is None:
+        at = run.span_start
+    else:
+        return None
+    width = run.span_end - run.span_start
+    return min(max((at - run.span_start) / width, 0.0), 1.0) if width > 0 else None
+
+
+def remaining_rows(run) -> int | None:
+    """Rows still to plan, estimated from the density of what was planned so far."""
+    if run.planned_all:
+        return 0
+    done = position(run)
+    if not done:
+        return None
+    return round(run.candidates * (1 - done) / done)
+
+
+def _epoch(moment: datetime) -> int:
+    return int(moment.timestamp())
+
+
+def _json_safe(value: Any) -> Any:
+    return value if value is None or isinstance(value, (int, str)) else str(value)

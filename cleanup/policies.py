@@ -31,7 +31,9 @@ class Policy:
     carries and re-checks; ``partition_field`` splits range chunks (per tenant), and
     None makes them half-open id intervals over the whole table (a DELETE over one id
     interval then visits each heap page once, not once per tenant).
-    ``schedule`` is a cron expression for django-q2, or None for manual runs only.
+    ``window`` caps the policy's chunks in flight at once (its runs plan the next chunk
+as one ends). ``schedule`` is a cron expression for django-q2, or None for manual
+runs only.
     """
 
     name: str
@@ -41,6 +43,8 @@ class Policy:
     partition_field: str | None
     scheme: str = ITEMS
     chunk_size: int = 500
+    # Chunks in flight at most (the concurrency cap); None: CLEANUP_WINDOW.
+    window: int | None = None
     schedule: str | None = None
     derive: Callable[[datetime], dict[str, datetime]] | None = None
     # Prefix of the per-item key logged at debug level: "<prefix>:<pk>:<observed>".
@@ -57,6 +61,8 @@ class Policy:
             raise BadScheme(f"policy {self.name!r}: scheme must be one of {SCHEMES}")
         if self.chunk_size < 1:
             raise ValueError(f"policy {self.name!r}: chunk_size must be positive")
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"policy {self.name!r}: window must be positive")
 
     @property
     def idempotency_prefix(self) -> str:

@@ -19,7 +19,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 from django_q.brokers import get_broker
 
-from cleanup import transitions, transport
+from cleanup import transitions, transport, window
 from cleanup.conf import lease
 from cleanup.models import Chunk, Run
 
@@ -32,6 +32,7 @@ BATCH = 500
 class ReconcileResult:
     resent: int
     never_sent: int
+    planned: int = 0  # chunks planned for runs whose window had room nobody filled
 
 
 def reconcile(now: datetime | None = None) -> ReconcileResult:
@@ -41,11 +42,12 @@ def reconcile(now: datetime | None = None) -> ReconcileResult:
     queue is never flooded with copies; chunks a delivery holds right now are skipped.
     """
     now = now or timezone.now()
+    planned = _top_up_windows()
     silent_since = now - lease()
     if get_broker().queue_size():
         # Messages are still waiting: silence may be a backlog, not a loss. Re-sending
         # now would pile copies on the queue; once it drains, the lost ones show.
-        return ReconcileResult(0, 0)
+        return ReconcileResult(0, 0, planned)
     with transaction.atomic():
         chunks = list(
             Chunk.objects.select_for_update(of=("self",), skip_locked=True)
@@ -67,4 +69,19 @@ def reconcile(now: datetime | None = None) -> ReconcileResult:
     for chunk in chunks:
         log.warning("chunk re-sent by the reconciler", run_id=str(chunk.run_id),
                     chunk_id=chunk.seq, state=chunk.state)
-    return ReconcileResult(len(chunks), len(never_sent))
+    return ReconcileResult(len(chunks), len(never_sent), planned)
+
+
+def _top_up_windows() -> int:
+    """Plan for runs still planning whose window has room: a chunk's end normally does
+    it, but planning can fail after the chunk's outcome committed (it is kept apart so
+    the outcome still commits)."""
+    planned = 0
+    policies = (Run.objects.filter(state=Run.State.RUNNING, planned_all=False)
+                .values_list("policy", flat=True).distinct().order_by("policy"))
+    for policy in policies:
+        topped = window.top_up_now(policy)
+        if topped:
+            log.warning("window topped up by the reconciler", policy=policy, chunks=topped)
+        planned += topped
+    return planned

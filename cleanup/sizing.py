@@ -1,10 +1,13 @@
-"""How many rows a new run puts in each chunk: a transaction-time budget, learned.
+"""How many rows a chunk holds: a transaction-time budget, followed within the run.
 
 A chunk's transaction holds its rows' locks (a renewal of one of them waits for it),
-so its size is chosen from time, not rows: as many rows as recent chunks of the same
-policy and scheme got through within ``CLEANUP_CHUNK_BUDGET_MS`` at their median pace,
-between a floor and a per-scheme ceiling. Without enough history the policy's own
-``chunk_size`` is used.
+so its size is chosen from time, not rows: as many rows as chunks got through within
+``CLEANUP_CHUNK_BUDGET_MS`` at their median pace, between a floor and a per-scheme
+ceiling. A new run starts from the policy's recent runs (or the policy's own
+``chunk_size`` without them); then each next chunk follows the pace of the run's own
+latest chunks, changing by at most ``STEP`` times per chunk planned, so a first run on
+an empty ledger reaches its budgeted size within a handful of chunks and one slow chunk
+(a lock wait) does not collapse the size.
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ ENOUGH = 5
 RUNS = 5
 # A range chunk may span this many times the ids a typical full one spans.
 SPAN_FACTOR = 2
+# Within a run: the latest chunks whose pace sets the next size, and the most the size
+# changes from one chunk to the next (either way).
+LATEST = 3
+STEP = 2
 
 
 def chunk_size(policy: Policy, scheme: str) -> int:
@@ -56,6 +63,37 @@ def max_span(policy: Policy, scheme: str, size: int) -> int | None:
     if len(spans) < ENOUGH:
         return None
     return max(1, round(SPAN_FACTOR * size * spans[len(spans) // 2]))
+
+
+def next_size(run, policy: Policy) -> tuple[int, int | None]:
+    """Return the rows and the widest id span (ranges) of the run's next chunk.
+
+    From the median pace of the run's latest done chunks, bounded as for a new run and
+    at most ``STEP`` times the current size either way; the span cap follows the
+    density those chunks found. Unchanged until a chunk of the run is done.
+    """
+    current = run.next_chunk_size or run.chunk_size or policy.chunk_size
+    if not conf.CHUNK_BUDGET_MS:
+        return current, run.max_span
+    latest = list(
+        Chunk.objects.filter(run=run, state__in=Chunk.DONE, duration_ms__isnull=False,
+                             planned_rows__gt=0)
+        .order_by("-committed_at")
+        .values_list("planned_rows", "duration_ms", "message__start_id", "message__end_id")
+        [:LATEST]
+    )
+    if not latest:
+        return current, run.max_span
+    paces = sorted(rows / max(ms, 1) for rows, ms, _, _ in latest)
+    learned = int(conf.CHUNK_BUDGET_MS * paces[len(paces) // 2])
+    ceiling = conf.MAX_ITEMS_PER_CHUNK if run.scheme == ITEMS else conf.MAX_RANGE_ROWS_PER_CHUNK
+    size = max(current // STEP, min(learned, current * STEP))
+    size = max(conf.MIN_ROWS_PER_CHUNK, min(size, ceiling))
+    spans = sorted((end - start) / rows for rows, _, start, end in latest
+                   if isinstance(start, int) and isinstance(end, int))
+    if not spans:
+        return size, None
+    return size, max(1, round(SPAN_FACTOR * size * spans[len(spans) // 2]))
 
 
 def _recent(policy: Policy, scheme: str):

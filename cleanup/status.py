@@ -7,6 +7,7 @@ import uuid
 from django.core.exceptions import ValidationError
 from django.db.models import Count, Sum
 
+from cleanup import planning
 from cleanup.exceptions import CleanupError, UnknownRun
 from cleanup.models import Chunk, Run
 
@@ -51,7 +52,13 @@ def run_summary(run: Run) -> dict:
         "parameters": run.parameters,
         "candidates": run.candidates,
         "chunks_planned": run.chunks_planned,
+        "planned_all": run.planned_all,
+        "position": None if (at := planning.position(run)) is None else round(at, 4),
+        "estimated_remaining_rows": planning.remaining_rows(run),
+        "frontier": run.frontier,
+        "window": run.window,
         "chunk_size": run.chunk_size,
+        "next_chunk_size": run.next_chunk_size,
         "chunks": by_state,
         **{name: value or 0 for name, value in totals.items()},
         "created_at": run.created_at.isoformat(),

@@ -14,8 +14,10 @@ stays cancelled, and counters only ever add.
                                                         └──discard──▶ discarded
     planned, enqueued, retrying ──cancel──▶ cancelled
 
-A run is running while any chunk is unfinished, then completed or completed with dead
-letters (``settle_run``); ``cancel_runs`` ends it for good.
+A run is running while it is still planning (cleanup.window) or any chunk is
+unfinished, then completed or completed with dead letters (``settle_run``);
+``cancel_runs`` ends it for good. Whatever ends a chunk tops the policy's window up
+in the same transaction, so the frontier advances whatever one chunk's fate.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from cleanup import window
 from cleanup.models import Chunk, Run
 
 log = structlog.get_logger("cleanup.ledger")
@@ -59,7 +62,7 @@ def commit(chunk: Chunk, *, deleted: int, retries: int, elapsed: float) -> bool:
         transient_retries=F("transient_retries") + retries,
     )
     if updated:
-        settle_run(chunk.run_id)
+        _advance_and_settle(chunk.run_id)
     return bool(updated)
 
 
@@ -93,7 +96,7 @@ def dead_letter(chunk: Chunk, reason: str, failure_class: str) -> bool:
             dead_letters=F("dead_letters") + 1,
         )
         if updated:
-            settle_run(chunk.run_id)
+            _advance_and_settle(chunk.run_id)
     if updated:
         log.warning(
             "chunk dead-lettered",
@@ -139,7 +142,7 @@ def discard(pks: Iterable[int], reason: str) -> list[Chunk]:
         state=Chunk.State.DISCARDED, discard_reason=reason, discarded_at=timezone.now()
     )
     for run_id in {c.run_id for c in chunks}:
-        settle_run(run_id)
+        _advance_and_settle(run_id)
     return chunks
 
 
@@ -166,9 +169,15 @@ def cancel_runs(run_ids: Iterable) -> list[tuple[Run, int]]:
         late = _lock_chunks(Chunk.objects.filter(run=run, state__in=UNFINISHED),
                             skip_locked=True).values_list("pk", flat=True)
         chunks += Chunk.objects.filter(pk__in=list(late)).update(state=Chunk.State.CANCELLED)
+        # Its frontier stops: nothing more is planned for it.
         run.state, run.finished_at = Run.State.CANCELLED, now
-        run.save(update_fields=["state", "finished_at"])
+        run.planned_all, run.frontier = True, None
+        run.save(update_fields=["state", "finished_at", "planned_all", "frontier"])
         cancelled.append((run, chunks))
+    # The room they held goes to the policies' other runs, after this commits: topping
+    # up locks runs under the planning lock, and this transaction already holds runs.
+    for policy in sorted({run.policy for run, _ in cancelled}):
+        transaction.on_commit(lambda policy=policy: window.top_up_now(policy))
     return cancelled
 
 
@@ -178,18 +187,25 @@ def _lock_chunks(chunks, *, skip_locked: bool = False):
     return chunks.select_for_update(of=("self",), skip_locked=skip_locked).order_by("pk")
 
 
+def _advance_and_settle(run_id) -> Run:
+    policy = Run.objects.filter(pk=run_id).values_list("policy", flat=True).first()
+    if policy is not None:
+        window.top_up_safely(policy)
+    return settle_run(run_id)
+
+
 def settle_run(run_id) -> Run:
     """Bring a run's state in line with its chunks; a cancelled run stays cancelled.
 
-    Running while any chunk is unfinished; then completed, or completed with dead
-    letters. Locking the run row serialises the last chunks of a run: a chunk
+    Running while it is still planning or any chunk is unfinished; then completed, or
+    completed with dead letters. Locking the run row serialises the last chunks of a run: a chunk
     committing at the same moment waits here, then its count sees this one's commit.
     """
     run = Run.objects.select_for_update().get(pk=run_id)
     if run.state == Run.State.CANCELLED:
         return run
     chunks = Chunk.objects.filter(run_id=run_id)
-    if chunks.filter(state__in=UNFINISHED).exists():
+    if not run.planned_all or chunks.filter(state__in=UNFINISHED).exists():
         state = Run.State.RUNNING
     elif chunks.filter(state=Chunk.State.DEAD_LETTERED).exists():
         state = Run.State.COMPLETED_WITH_DEAD_LETTERS

@@ -163,7 +163,7 @@ Q_CLUSTER = {
     "workers": _env_number("Q_WORKERS", 2, int),
     "timeout": _env_number("Q_TIMEOUT", 120, int),
     "retry": _env_number("Q_RETRY", 180, int),
-    "poll": _env_number("Q_POLL", 0.2),
+    "poll": _env_number("Q_POLL", 0.05),
     "bulk": _env_number("Q_BULK", 1, int),
     "catch_up": False,
     "max_attempts": 0,

@@ -76,8 +76,9 @@ def test_run_list_shows_progress_counts_and_trigger(admin_client, dead_letter):
 
 
 def test_run_page_is_read_only_with_a_paginated_chunk_table(admin_client, expired_holds,
-                                                            chunk_size):
+                                                            chunk_size, settings):
     chunk_size("expire-holds", 1)
+    settings.CLEANUP_WINDOW = 100  # every chunk planned at once
     SeatHoldFactory.create_batch(55, section=expired_holds[0].section, expired=True)
     run = dispatch("expire-holds").run
     url = reverse("admin:cleanup_run_change", args=[run.pk])

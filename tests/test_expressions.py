@@ -8,8 +8,6 @@ import pytest
 from django.db import connection
 
 from cleanup.expressions import ObservedText, array_literal
-from cleanup.planning import _within_span
-from cleanup.policies import get_policy
 from reservations.models import SeatHold
 from tests.factories import SeatHoldFactory
 
@@ -42,9 +40,3 @@ def test_iso_timestamp_text_parses_back_to_the_stored_instant(section, moment):
         ObservedText("expires_at"), flat=True)
     assert datetime.fromisoformat(text) == moment
     assert SeatHold.objects.filter(pk=hold.pk, expires_at=text).exists()
-
-
-def test_a_wide_range_emptied_since_its_boundaries_were_read_plans_nothing(section):
-    policy = get_policy("expire-holds")
-    rows = policy.eligible_rows(policy.freeze(datetime.now(UTC)))
-    assert list(_within_span(rows, "tenant_id", section.tenant_id, 1, 10_000, 5, 100)) == []

@@ -38,7 +38,9 @@ class Result:
     seconds: float
     extrapolated: bool = False
     chunks: int | None = None
-    chunk_size: int | None = None
+    chunk_size: int | None = None  # a pipeline's: the size its run reached
+    first_chunk_size: int | None = None
+    window: int | None = None
     chunk_p99_ms: float | None = None
     chunk_max_ms: float | None = None
     dispatch_seconds: float | None = None
@@ -47,6 +49,7 @@ class Result:
     # Where a pipeline run's wall time went: until its first chunk started, and the
     # chunks' transactions summed over the workers.
     first_chunk_after_s: float | None = None
+    command_to_first_chunk_s: float | None = None
     in_transactions_s: float | None = None
     delete_statements: int | None = None
     renewals: dict = field(default_factory=dict)
@@ -75,11 +78,15 @@ def single_delete(policy: Policy, timeout: float) -> Result:
 
 def pipeline(scheme: str, label: str):
     def contender(policy: Policy, timeout: float) -> Result:
+        command_started = timezone.now()
         dispatched, rss_mb = _dispatch_in_subprocess(policy, scheme)
-        run = Run.objects.get(pk=dispatched["run_id"])
-        chunks = run.chunks.all()
-        _wait(lambda: not chunks.exclude(state__in=SETTLED).exists(), timeout,
-              f"run {run.pk} to be acknowledged")
+        runs = Run.objects.filter(pk=dispatched["run_id"])
+        chunks = Chunk.objects.filter(run_id=dispatched["run_id"])
+        # The run plans as it goes: finished once planned to the end and all settled.
+        _wait(lambda: runs.exclude(state=Run.State.RUNNING).exists()
+              and not chunks.exclude(state__in=SETTLED).exists(), timeout,
+              f"run {dispatched['run_id']} to be acknowledged")
+        run = runs.get()
         durations = sorted(chunks.values_list("duration_ms", flat=True))
         ledger = chunks.aggregate(last_ack=Max("acknowledged_at"),
                                   first_start=Min("last_delivery_at"))
@@ -87,7 +94,10 @@ def pipeline(scheme: str, label: str):
         seconds = (ledger["last_ack"] - run.created_at).total_seconds()
         return Result(
             f"pipeline_{scheme}", label, rows, seconds,
-            chunks=len(durations), chunk_size=run.chunk_size,
+            chunks=len(durations), chunk_size=run.next_chunk_size,
+            first_chunk_size=run.chunk_size, window=run.window,
+            command_to_first_chunk_s=round(
+                (ledger["first_start"] - command_started).total_seconds(), 3),
             chunk_p99_ms=percentile(durations, 99), chunk_max_ms=durations[-1],
             dispatch_seconds=dispatched["seconds"], dispatcher_rss_mb=rss_mb,
             dispatch_ms_per_chunk=round(1000 * dispatched["seconds"] / len(durations), 3),
@@ -105,11 +115,13 @@ def handwritten_unnest(policy: Policy, timeout: float) -> Result:
     """The best hand-written SQL for the items predicate: keyset pages of (id, expiry),
     each deleted by one ``DELETE ... USING unnest(ids, expiries)`` in its own transaction.
 
-    Pages are as large as the chunks of the latest items run, for a like-for-like ratio,
+    Pages are as large as the chunks the latest items run reached, for a like-for-like
+    ratio,
     and the arrays travel as literals as the pipeline's do (see PairsIn).
     """
     cutoff = timezone.now()
-    size = Run.objects.filter(policy=policy.name, scheme=ITEMS).latest("created_at").chunk_size
+    size = Run.objects.filter(policy=policy.name, scheme=ITEMS).latest(
+        "created_at").next_chunk_size
     page_sql = (
         f'SELECT id, expires_at FROM "{SeatHold._meta.db_table}" WHERE status = \'held\' '
         "AND expires_at <= %s AND (expires_at, id) > (%s, %s) ORDER BY expires_at, id LIMIT %s"

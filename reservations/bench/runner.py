@@ -14,6 +14,7 @@ from django.utils import timezone
 from django_q.brokers import get_broker
 from django_q.models import Schedule
 
+from cleanup import window
 from cleanup.conf import conf
 from cleanup.models import Chunk, Run
 from cleanup.policies import get_policy
@@ -147,13 +148,20 @@ def _report(preset, policy, idle: dict, results: list[Result]) -> dict:
                                                               "save_limit", "retry")},
             "starting_chunk_size": policy.chunk_size,
             "chunk_budget_ms": conf.CHUNK_BUDGET_MS,
+            "window": window.size(policy),
         },
         "idle_renewals": idle,
         "results": rows,
+        # The headline is the first run, on an empty ledger: the run after an outage or
+        # on a new install, the one that matters most.
         "ratios": {
-            "range_to_single_delete": round(by_name["pipeline_range"].rows_per_second / limit,
-                                            4),
+            "range_to_single_delete":
+                round(by_name["pipeline_range_first"].rows_per_second / limit, 4),
+            "range_third_run_to_single_delete":
+                round(by_name["pipeline_range"].rows_per_second / limit, 4),
             "items_to_handwritten_unnest":
+                round(by_name["pipeline_items_first"].rows_per_second / reference, 4),
+            "items_second_run_to_handwritten_unnest":
                 round(by_name["pipeline_items"].rows_per_second / reference, 4),
         },
         "checks_passed": all(ok is not False for r in results for ok in r.checks.values()),

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from django.db import connections
-from django.db.models import Sum
+from django.db.models import Count, Sum
 from django.test.utils import override_settings
 from django.utils import timezone
 from django_q.brokers import get_broker
 
-from cleanup import operations
+from cleanup import operations, window
 from cleanup.dispatch import dispatch
 from cleanup.models import Chunk, Run
 from cleanup.policies import get_policy, register
@@ -74,15 +74,15 @@ def run_soak(*, duration: float, min_faults: int, seed: int, say) -> SoakReport:
         try:
             for cluster in clusters:
                 cluster.start()
-            injector, log, final, poison_run = _soak(clusters, duration, rng, seed, say,
-                                                     started_at)
+            injector, log, final, poison_run, peaks = _soak(clusters, duration, rng, seed,
+                                                            say, started_at)
             _settle(Run.objects.filter(created_at__gte=started_at), lease)
         finally:
             for cluster in clusters:
                 cluster.stop()
         connections.close_all()
         return _report(broker, duration, started_at, seeded, log, injector, final,
-                       poison_run, min_faults, lease)
+                       poison_run, peaks, min_faults, lease)
 
 
 def _soak(clusters, duration, rng, seed, say, started_at):
@@ -91,7 +91,8 @@ def _soak(clusters, duration, rng, seed, say, started_at):
     log = TrafficLog()
     learners = [Learners(log, stop, seed + i) for i in range(3)]
     injector = faults.Injector(clusters, stop, seed)
-    for thread in (*learners, injector):
+    window_probe = WindowProbe(stop)
+    for thread in (*learners, injector, window_probe):
         thread.start()
     poison_run = None
     restarted = False
@@ -114,13 +115,39 @@ def _soak(clusters, duration, rng, seed, say, started_at):
             time.sleep(rng.uniform(1.0, 2.0))
     finally:
         stop.set()
-        for thread in (*learners, injector):
+        for thread in (*learners, injector, window_probe):
             thread.join(30)
     say("Traffic and faults stopped; final runs, every run delivered once more.")
     final = [dispatch(EXPIRE_HOLDS).run, dispatch(PURGE_REMINDERS).run]
     _settle(Run.objects.filter(pk__in=[r.pk for r in final]), RETRY + TIMEOUT)
     _replay_finished(replayed, started_at)
-    return injector, log, final, poison_run
+    return injector, log, final, poison_run, window_probe.peaks
+
+
+class WindowProbe(threading.Thread):
+    """Samples each policy's chunks in flight while the soak runs, and keeps the peak.
+
+    Counted as the window counts them (unfinished chunks of running runs), leaving out
+    chunks an operator's requeue or a replay sent again: those go out at once, on top of
+    the window.
+    """
+
+    def __init__(self, stop: threading.Event):
+        super().__init__(daemon=True)
+        self.stop = stop
+        self.peaks = dict.fromkeys((EXPIRE_HOLDS, PURGE_REMINDERS), 0)
+
+    def run(self) -> None:
+        try:
+            while not self.stop.wait(0.05):
+                counts = (Chunk.objects.filter(run__policy__in=self.peaks,
+                                               run__state=Run.State.RUNNING,
+                                               state__in=Chunk.UNFINISHED, dead_letters=0)
+                          .values_list("run__policy").annotate(n=Count("pk")).order_by())
+                for policy, n in counts:
+                    self.peaks[policy] = max(self.peaks[policy], n)
+        finally:
+            connections.close_all()
 
 
 def _replay_finished(replayed: set, since) -> None:
@@ -174,7 +201,7 @@ def _seed(duration: float) -> dict:
 
 
 def _report(broker, duration, started_at, seeded, log, injector, final, poison_run,
-            min_faults, lease) -> SoakReport:
+            peaks, min_faults, lease) -> SoakReport:
     now = timezone.now()
     runs = Run.objects.filter(created_at__gte=started_at)
     chunks = Chunk.objects.filter(run__in=runs)
@@ -189,8 +216,8 @@ def _report(broker, duration, started_at, seeded, log, injector, final, poison_r
         SeatHold.objects.filter(status="held", expires_at__lte=run.cutoff).count()
         for run in completed.filter(state=Run.State.COMPLETED).order_by("-cutoff")[:1]
     )
-    window = timedelta(seconds=lease + RETRY)
-    overdue = chunks.filter(state__in=Chunk.UNFINISHED, planned_at__lt=now - window).count()
+    allowed = timedelta(seconds=lease + RETRY)
+    overdue = chunks.filter(state__in=Chunk.UNFINISHED, planned_at__lt=now - allowed).count()
     poison = Chunk.objects.filter(run=poison_run).first() if poison_run else None
     once = chunks.exclude(run__policy=POISON_POLICY).filter(deliveries__lt=2).count()
     hits = Counter({kind: injector.hits.get(kind, 0) for kind in faults.KINDS})
@@ -218,6 +245,8 @@ def _report(broker, duration, started_at, seeded, log, injector, final, poison_r
                 "run_state": Run.objects.get(pk=poison.run_id).state,
             } if poison else None,
             "final_runs": [str(r.pk) for r in final],
+            "chunks_in_flight_peak": peaks,
+            "window": {name: window.size(get_policy(name)) for name in peaks},
         },
         errors=injector.errors,
     )
@@ -231,6 +260,10 @@ def _report(broker, duration, started_at, seeded, log, injector, final, poison_r
         "every chunk terminal within lease plus retry": overdue == 0,
         "every run reached a terminal state": figures["runs_still_running"] == 0,
         "every chunk was delivered at least twice": once == 0,
+        "never more chunks of a policy in flight than its window": all(
+            peak <= figures["window"][name] for name, peak in peaks.items()),
+        "the window filled (chunks were planned as the runs went)":
+            peaks[EXPIRE_HOLDS] > 1,
         "poison chunk dead-lettered after the limit, its run identified": bool(
             poison and poison.state == Chunk.State.DEAD_LETTERED
             and poison.failure_class == Chunk.FailureClass.POISON

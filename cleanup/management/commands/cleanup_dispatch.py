@@ -43,6 +43,7 @@ class Command(CleanupCommand):
             "cutoff": result.cutoff.isoformat(timespec="microseconds"),
             "candidates": result.candidates,
             "chunks": result.chunks,
+            "planned_all": result.planned_all,
             "state": result.run.state if result.run else None,
             "seconds": round(time.monotonic() - started, 3),
         }
@@ -53,6 +54,12 @@ class Command(CleanupCommand):
                     f"({result['scheme']}) for {result['candidates']} rows eligible at "
                     f"{result['cutoff']}.")
         verb = "Dispatched" if result["created"] else "Already dispatched:"
-        return (f"{verb} run {result['run_id']} of {result['policy']}: {result['chunks']} "
-                f"chunks ({result['scheme']}) for {result['candidates']} rows eligible at "
-                f"{result['cutoff']}; state {result['state']}; took {result['seconds']:.1f} s.")
+        if result["planned_all"]:
+            planned = (f"{result['chunks']} chunks ({result['scheme']}) for "
+                       f"{result['candidates']} rows eligible at {result['cutoff']}")
+        else:
+            planned = (f"first {result['chunks']} chunks ({result['scheme']}, "
+                       f"{result['candidates']} rows eligible at {result['cutoff']}) sent; "
+                       "the rest is planned as they finish")
+        return (f"{verb} run {result['run_id']} of {result['policy']}: {planned}; state "
+                f"{result['state']}; took {result['seconds']:.1f} s.")

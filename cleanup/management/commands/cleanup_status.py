@@ -18,7 +18,7 @@ class Command(CleanupCommand):
         lines = [
             f"Run {result['run_id']} ({result['policy']}, {result['scheme']}): {result['state']}",
             f"  cutoff {result['cutoff']}, {result['candidates']} candidates, "
-            f"{result['chunks_planned']} chunks",
+            f"{result['chunks_planned']} chunks" + _planning(result),
             f"  chunks: {chunks or 'none'}",
             f"  {result['rows_deleted']} rows deleted, {result['items_skipped']} skipped "
             f"(no longer eligible), {result['noops']} no-op deliveries of "
@@ -28,3 +28,15 @@ class Command(CleanupCommand):
             lines.append(f"  key {result['dispatch_key']}, trigger {result['trigger']}, "
                          f"replay of {result['replay_of'] or '-'}")
         return "\n".join(lines)
+
+
+def _planning(result: dict) -> str:
+    """Where a run that still plans as it goes has got to."""
+    if result["planned_all"]:
+        return " (all planned)"
+    text = " planned so far"
+    if result["position"] is not None:
+        text += f", {result['position']:.0%} through its span"
+    if result["estimated_remaining_rows"] is not None:
+        text += f", about {result['estimated_remaining_rows']} rows to go"
+    return text + f" (window {result['window']})"

@@ -1,0 +1,134 @@
+"""The window: at most W chunks of a policy in flight, each next one planned as one ends.
+
+A run plans its chunks as it goes. Dispatch plans the first window; then whichever
+transaction ends a chunk (its commit, its dead letter, an operator's discard or
+cancel) tops the window up again, so W chains advance the frontier and one chunk's
+fate never stops the run. The runs of one policy share its window: a second run waits
+for room, oldest first. Every chunk is a ledger row with its message before it is
+sent; with django-q2's ORM broker the message commits with the transaction that
+planned it, with another broker it is sent after that commit (and the reconciler
+sends one that a crash in between left planned).
+"""
+
+from __future__ import annotations
+
+import structlog
+from django.db import connection, transaction
+from django.utils import timezone
+
+from cleanup import messages, planning, sizing, transitions, transport
+from cleanup.conf import conf
+from cleanup.exceptions import UnknownPolicy
+from cleanup.models import Chunk, Run
+from cleanup.policies import Policy, get_policy
+
+log = structlog.get_logger("cleanup.window")
+
+
+def size(policy: Policy) -> int:
+    """The policy's window: its own, or ``CLEANUP_WINDOW``."""
+    return policy.window or conf.WINDOW
+
+
+def in_flight(policy_name: str) -> int:
+    """Chunks of the policy's running runs that are planned, enqueued or retrying."""
+    return Chunk.objects.filter(run__policy=policy_name, run__state=Run.State.RUNNING,
+                                state__in=Chunk.UNFINISHED).count()
+
+
+def lock_policy(policy_name: str) -> None:
+    """Serialise planning per policy until the transaction ends."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"cleanup:{policy_name}"]
+        )
+
+
+def top_up(policy_name: str) -> int:
+    """Plan and send chunks of the policy's running runs, oldest run first, until W are
+    in flight or every run is planned; return how many were planned.
+
+    Runs in the caller's transaction, under the policy's planning lock, so two chunks
+    ending at once cannot plan the same range twice or overfill the window.
+    """
+    try:
+        policy = get_policy(policy_name)
+    except UnknownPolicy:
+        return 0  # a policy no longer registered plans nothing more
+    lock_policy(policy.name)
+    room = size(policy) - in_flight(policy.name)
+    planned = 0
+    waiting = Run.objects.filter(policy=policy.name, state=Run.State.RUNNING,
+                                 planned_all=False).order_by("created_at")
+    for run_id in waiting.values_list("pk", flat=True):
+        if room <= 0:
+            break
+        # Locked, then checked again: a cancel that committed meanwhile is seen here.
+        run = Run.objects.select_for_update().get(pk=run_id)
+        if run.state != Run.State.RUNNING or run.planned_all:
+            continue
+        run.next_chunk_size, run.max_span = sizing.next_size(run, policy)
+        while room > 0 and not run.planned_all:
+            if _plan_next(run, policy):
+                room -= 1
+                planned += 1
+        run.save(update_fields=["frontier", "planned_all", "candidates", "chunks_planned",
+                                "next_chunk_size", "max_span"])
+        if run.planned_all:
+            # Its last chunk may have finished already (or it found nothing): settled here.
+            transitions.settle_run(run.pk)
+    return planned
+
+
+def top_up_safely(policy_name: str) -> int:
+    """``top_up`` in a savepoint: a chunk's outcome commits even if planning the next
+    one fails (the reconciler tops the window up again later)."""
+    try:
+        with transaction.atomic():
+            return top_up(policy_name)
+    except Exception as exc:  # noqa: BLE001 - the outcome must commit whatever failed
+        log.error("planning the next chunk failed", policy=policy_name, error=str(exc))
+        return 0
+
+
+def top_up_now(policy_name: str) -> int:
+    """``top_up`` in a transaction of its own."""
+    with transaction.atomic():
+        return top_up(policy_name)
+
+
+def _plan_next(run: Run, policy: Policy) -> bool:
+    """Plan the chunk at the run's frontier and send it; False if nothing was left."""
+    chunk, frontier = planning.next_chunk(
+        policy, run.frozen, run.scheme, run.frontier, run.next_chunk_size,
+        span_end=run.span_end, max_span=run.max_span,
+    )
+    run.frontier = frontier
+    run.planned_all = frontier is None
+    if chunk is None:
+        run.planned_all, run.frontier = True, None
+        return False
+    seq = run.chunks_planned + 1
+    now = timezone.now()
+    send_now = not run.in_process and transport.queue_shares_transaction()
+    row = Chunk.objects.create(
+        run=run, seq=seq,
+        state=Chunk.State.ENQUEUED if send_now else Chunk.State.PLANNED,
+        message=_message(run, seq, chunk, partitioned=policy.partition_column is not None),
+        planned_rows=chunk.rows, planned_at=now, enqueued_at=now if send_now else None,
+    )
+    if send_now:
+        transport.send([row])
+    elif not run.in_process:
+        run_id = run.pk
+        transaction.on_commit(lambda: transport.send_planned(run_id))
+    run.chunks_planned = seq
+    run.candidates += chunk.rows
+    return True
+
+
+def _message(run: Run, seq: int, planned: planning.PlannedChunk, *, partitioned: bool) -> dict:
+    if planned.items is not None:
+        return messages.items_message(run, seq, planned.items)
+    return messages.range_message(run, seq, planned.partition, planned.start_id, planned.end_id,
+                                  partitioned=partitioned)

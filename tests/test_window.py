@@ -1,0 +1,279 @@
+"""Runs that stream: the first window at dispatch, each next chunk planned by the
+transaction that ends one, never more than W of a policy in flight, the frontier
+advancing whatever one chunk's fate, sizes following the run's own pace."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connections
+from django.utils import timezone
+from django_q.conf import Conf
+from django_q.models import OrmQ
+
+from cleanup import operations, planning, window
+from cleanup.dispatch import dispatch
+from cleanup.models import Chunk, Run
+from cleanup.reconcile import reconcile
+from cleanup.sizing import STEP
+from cleanup.worker import Outcome, apply_chunk
+from reservations.models import SeatHold
+from tests.conftest import chunks_of
+from tests.factories import SeatHoldFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def unfinished(policy: str = "expire-holds") -> list[Chunk]:
+    return list(Chunk.objects.filter(run__policy=policy, state__in=Chunk.UNFINISHED)
+                .order_by("run__created_at", "seq"))
+
+
+def drain(policy: str = "expire-holds") -> int:
+    """Deliver the policy's unfinished chunks as a worker would, until none is left;
+    return the most that were ever in flight at once."""
+    peak = 0
+    while chunks := unfinished(policy):
+        peak = max(peak, len(chunks))
+        apply_chunk(chunks[0].message)
+    return peak
+
+
+@pytest.fixture
+def small_window(settings, chunk_size):
+    """Chunks of one hold, two in flight."""
+    settings.CLEANUP_WINDOW = 2
+    chunk_size("expire-holds", 1)
+
+
+def test_dispatch_sends_the_first_window_and_each_commit_plans_the_next(section,
+                                                                       small_window):
+    SeatHoldFactory.create_batch(5, section=section, expired=True)
+
+    run = dispatch("expire-holds", scheme="range").run
+
+    assert (run.chunks_planned, run.planned_all, run.state) == (2, False, Run.State.RUNNING)
+    assert OrmQ.objects.count() == 2  # the messages committed with the run
+    first = chunks_of(run)[0]
+    assert apply_chunk(first.message) == Outcome.DELETED
+    run.refresh_from_db()
+    # The commit planned chunk 3 and its message in the same transaction.
+    assert run.chunks_planned == 3
+    assert Chunk.objects.get(run=run, seq=3).state == Chunk.State.ENQUEUED
+    assert OrmQ.objects.count() == 3
+
+    assert drain() == 2
+    run.refresh_from_db()
+    assert (run.chunks_planned, run.candidates, run.planned_all) == (5, 5, True)
+    assert run.state == Run.State.COMPLETED and run.frontier is None
+    assert SeatHold.objects.count() == 0
+    ranges = sorted((c.message["start_id"], c.message["end_id"]) for c in chunks_of(run))
+    assert all(left[1] <= right[0] for left, right in zip(ranges, ranges[1:], strict=False))
+
+
+def test_a_small_backlog_is_one_chunk(expired_holds):
+    run = dispatch("expire-holds").run
+
+    assert (run.chunks_planned, run.planned_all) == (1, True)
+    assert apply_chunk(chunks_of(run)[0].message) == Outcome.DELETED
+    run.refresh_from_db()
+    assert run.state == Run.State.COMPLETED
+
+
+def test_a_dead_lettered_chunk_does_not_stop_the_frontier(section, small_window):
+    holds = SeatHoldFactory.create_batch(4, section=section, expired=True)
+    run = dispatch("expire-holds").run
+    first = chunks_of(run)[0]
+
+    # A delivery whose cutoff contradicts its run is dead-lettered at once.
+    forged = {**first.message, "cutoff": "2000-01-01T00:00:00+00:00"}
+    assert apply_chunk(forged) == Outcome.DEAD_LETTERED
+
+    assert drain() <= 2
+    run.refresh_from_db()
+    assert run.planned_all and run.chunks_planned == 4
+    assert run.state == Run.State.COMPLETED_WITH_DEAD_LETTERS
+    assert list(SeatHold.objects.values_list("pk", flat=True)) == [holds[0].pk]
+
+    operations.discard([first.pk], "forged in a test")
+    run.refresh_from_db()
+    assert run.state == Run.State.COMPLETED
+
+
+def test_a_second_run_of_the_policy_waits_for_room_in_the_window(section, settings,
+                                                                 chunk_size):
+    settings.CLEANUP_WINDOW = 1
+    chunk_size("expire-holds", 2)
+    now = timezone.now()
+    SeatHoldFactory.create_batch(3, section=section, expires_at=now - timedelta(hours=2))
+    late = SeatHoldFactory(section=section, expires_at=now - timedelta(minutes=10))
+    first = dispatch("expire-holds", key="first", cutoff=now - timedelta(hours=1)).run
+    second = dispatch("expire-holds", key="second").run
+
+    assert (first.chunks_planned, second.chunks_planned) == (1, 0)
+    assert second.state == Run.State.RUNNING  # waiting, not completed
+
+    assert drain() == 1
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.state == second.state == Run.State.COMPLETED
+    # The second planned its chunk once the first's last one had finished.
+    assert (first.candidates, second.candidates) == (3, 1)
+    (chunk,) = chunks_of(second)
+    assert chunk.planned_at >= max(c.committed_at for c in chunks_of(first))
+    assert not SeatHold.objects.filter(pk=late.pk).exists()
+
+
+def test_a_cancelled_run_plans_nothing_more_and_its_room_goes_to_the_next(
+        section, settings, chunk_size, django_capture_on_commit_callbacks):
+    settings.CLEANUP_WINDOW = 1
+    chunk_size("expire-holds", 1)
+    SeatHoldFactory.create_batch(3, section=section, expired=True)
+    first = dispatch("expire-holds", key="first").run
+    second = dispatch("expire-holds", key="second").run
+
+    with django_capture_on_commit_callbacks(execute=True):
+        operations.cancel([first.pk])
+
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert (first.state, first.planned_all, first.chunks_planned) == (
+        Run.State.CANCELLED, True, 1)
+    assert second.chunks_planned == 1
+    drain()
+    assert Chunk.objects.filter(run=first).count() == 1
+    assert SeatHold.objects.count() == 0  # all by the second run
+
+
+def test_a_sync_dispatch_applies_every_chunk_it_plans(section, small_window):
+    SeatHoldFactory.create_batch(7, section=section, expired=True)
+
+    run = dispatch("expire-holds", sync=True).run
+
+    assert (run.state, run.chunks_planned, run.in_process) == (Run.State.COMPLETED, 7, True)
+    assert OrmQ.objects.count() == 0  # nothing went through the queue
+    assert SeatHold.objects.count() == 0
+
+
+@pytest.mark.parametrize("scheme", ["items", "range"])
+def test_chunk_sizes_follow_the_runs_pace_by_at_most_a_step(section, settings, chunk_size,
+                                                             scheme):
+    settings.CLEANUP_CHUNK_BUDGET_MS = 40
+    settings.CLEANUP_MIN_ROWS_PER_CHUNK = 1
+    settings.CLEANUP_WINDOW = 1
+    chunk_size("expire-holds", 2)
+    SeatHoldFactory.create_batch(300, section=section, expired=True)
+
+    run = dispatch("expire-holds", scheme=scheme).run
+    drain()
+
+    sizes = [c.planned_rows for c in chunks_of(run)]
+    run.refresh_from_db()
+    assert sum(sizes) == 300 and run.state == Run.State.COMPLETED
+    assert sizes[0] == 2
+    for previous, size in zip(sizes, sizes[1:-1], strict=False):  # the last is what was left
+        assert previous / STEP <= size <= previous * STEP
+    # A first run on an empty ledger grows within a handful of chunks.
+    assert max(sizes[:6]) >= 16
+
+
+def test_planning_that_fails_keeps_the_outcome_and_the_reconciler_plans_on(
+        section, small_window, monkeypatch):
+    SeatHoldFactory.create_batch(3, section=section, expired=True)
+    run = dispatch("expire-holds").run
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planner down")
+
+    monkeypatch.setattr(planning, "next_chunk", broken)
+    assert apply_chunk(chunks_of(run)[0].message) == Outcome.DELETED
+    run.refresh_from_db()
+    assert (run.chunks_planned, run.state) == (2, Run.State.RUNNING)
+    assert SeatHold.objects.count() == 2
+
+    monkeypatch.undo()
+    OrmQ.objects.all().delete()  # the reconciler waits for a drained queue to re-send
+    assert reconcile().planned == 1
+    drain()
+    run.refresh_from_db()
+    assert run.state == Run.State.COMPLETED and SeatHold.objects.count() == 0
+
+
+def test_the_window_is_per_policy_and_a_policy_may_set_its_own(section, settings, chunk_size):
+    settings.CLEANUP_WINDOW = 3
+    policy = chunk_size("expire-holds", 1)
+    assert window.size(policy) == 3
+    from dataclasses import replace
+
+    from cleanup.policies import register
+    register(replace(policy, window=1))
+    SeatHoldFactory.create_batch(4, section=section, expired=True)
+
+    run = dispatch("expire-holds").run
+
+    assert (run.window, run.chunks_planned) == (1, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_commits_never_plan_a_row_twice_nor_overfill_the_window(section, settings,
+                                                                           chunk_size):
+    settings.CLEANUP_WINDOW = 3
+    chunk_size("expire-holds", 2)
+    SeatHoldFactory.create_batch(60, section=section, expired=True)
+    run = dispatch("expire-holds").run
+    peaks, errors = [], []
+
+    def worker():
+        try:
+            while chunks := list(Chunk.objects.filter(run=run, state__in=Chunk.UNFINISHED)
+                                 .order_by("?")):
+                peaks.append(len(chunks))
+                apply_chunk(chunks[0].message)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+    assert errors == []
+    run.refresh_from_db()
+    assert run.state == Run.State.COMPLETED and SeatHold.objects.count() == 0
+    planned = [pk for chunk in chunks_of(run) for pk, _ in chunk.message["items"]]
+    assert len(planned) == len(set(planned)) == 60
+    assert max(peaks) <= 3
+
+
+@pytest.mark.django_db(transaction=True)  # the next message goes out on commit
+def test_with_redis_the_next_chunk_is_sent_after_its_planners_commit(section, settings,
+                                                                     chunk_size, monkeypatch):
+    import redis
+
+    url = "redis://127.0.0.1:6379/15"
+    client = redis.from_url(url)
+    client.flushdb()
+    monkeypatch.setattr(Conf, "ORM", None)
+    monkeypatch.setattr(Conf, "REDIS", url)
+    settings.CLEANUP_WINDOW = 1
+    chunk_size("expire-holds", 1)
+    SeatHoldFactory.create_batch(2, section=section, expired=True)
+    queue = f"django_q:{Conf.CLUSTER_NAME}:q"
+    try:
+        run = dispatch("expire-holds").run
+        assert client.llen(queue) == 1
+
+        apply_chunk(chunks_of(run)[0].message)
+
+        second = Chunk.objects.get(run=run, seq=2)
+        assert second.state == Chunk.State.ENQUEUED and client.llen(queue) == 2
+        apply_chunk(second.message)
+        run.refresh_from_db()
+        assert run.state == Run.State.COMPLETED and SeatHold.objects.count() == 0
+    finally:
+        client.flushdb()
