@@ -67,6 +67,8 @@ def array_literal(values) -> str:
 
 
 def _element(value) -> str:
+    if type(value) is int:
+        return str(value)  # the common case: an integer key needs no quoting
     if value is None:
         return "NULL"
     text = value.isoformat() if hasattr(value, "isoformat") else str(value)

@@ -31,6 +31,10 @@ POSTGRES_ONLY_TIMESTAMP = re.compile(
 )
 
 
+# What ObservedText writes for every other value: ISO-8601 in UTC, with microseconds.
+AS_PLANNED = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\+00:00")
+
+
 @dataclass(frozen=True)
 class ChunkMessage:
     version: int
@@ -186,9 +190,21 @@ def _aware_datetime(value: Any, what: str, bad) -> datetime:
 
 def _observed(value: Any, bad) -> datetime | str | None:
     """An observed value: an instant, PostgreSQL's text for one Python cannot hold, or
-    null; the DELETE compares the row with it as PostgreSQL reads it."""
+    null; the DELETE compares the row with it as PostgreSQL reads it.
+
+    Text exactly as planning writes it (UTC, microseconds) is kept as text once it
+    parses: a chunk carries thousands, and each would otherwise be parsed, checked and
+    formatted again for the DELETE's array parameter.
+    """
     if value is None:
         return None
-    if isinstance(value, str) and POSTGRES_ONLY_TIMESTAMP.fullmatch(value):
-        return value
+    if isinstance(value, str):
+        if AS_PLANNED.fullmatch(value):
+            try:
+                datetime.fromisoformat(value)
+            except ValueError:
+                raise bad(f"observed value {value!r} is not an ISO-8601 timestamp") from None
+            return value
+        if POSTGRES_ONLY_TIMESTAMP.fullmatch(value):
+            return value
     return _aware_datetime(value, "observed value", bad)

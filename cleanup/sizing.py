@@ -75,13 +75,15 @@ def next_size(run, policy: Policy) -> tuple[int, int | None]:
     current = run.next_chunk_size or run.chunk_size or policy.chunk_size
     if not conf.CHUNK_BUDGET_MS:
         return current, run.max_span
-    latest = list(
+    # An items chunk's message is large and carries no span: left unread.
+    spans = ("message__start_id", "message__end_id") if run.scheme != ITEMS else ()
+    latest = [
+        (*row, None, None)[:4] for row in
         Chunk.objects.filter(run=run, state__in=Chunk.DONE, duration_ms__isnull=False,
                              planned_rows__gt=0)
         .order_by("-committed_at")
-        .values_list("planned_rows", "duration_ms", "message__start_id", "message__end_id")
-        [:LATEST]
-    )
+        .values_list("planned_rows", "duration_ms", *spans)[:LATEST]
+    ]
     if not latest:
         return current, run.max_span
     paces = sorted(rows / max(ms, 1) for rows, ms, _, _ in latest)

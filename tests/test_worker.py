@@ -287,6 +287,20 @@ def test_malformed_message_is_dead_lettered_with_its_run_identified(expired_hold
     assert OrphanMessage.objects.count() == 0
 
 
+@pytest.mark.parametrize("observed", ["2026-13-45T00:00:00.000000+00:00", "soon", 12])
+def test_an_observed_value_that_is_no_instant_is_malformed(expired_holds, observed):
+    chunk = only_chunk(dispatch("expire-holds").run)
+    pk = chunk.message["items"][0][0]
+    message = {**chunk.message, "items": [[pk, observed]]}
+
+    assert apply_chunk(message) == Outcome.DEAD_LETTERED
+
+    chunk.refresh_from_db()
+    assert chunk.failure_class == Chunk.FailureClass.MALFORMED
+    assert "observed value" in chunk.last_error
+    assert SeatHold.objects.count() == 5
+
+
 def test_previous_message_version_is_still_understood(expired_holds):
     chunk = only_chunk(dispatch("expire-holds").run)
     v1 = {**chunk.message, "version": 1, "batch_id": chunk.seq}
