@@ -120,8 +120,8 @@ class RunAdmin(LedgerAdmin):
     actions = ["replay_runs", "cancel_runs"]
     fields = ("id", "policy", "scheme", "state", "trigger", "replay_link", "dispatch_key",
               "cutoff_exact", "frozen_parameters", "candidates", "chunks_planned",
-              "planning_progress", "window", "chunk_size", "next_chunk_size", "max_span",
-              "created_at", "finished_at")
+              "planning_progress", "planning_error", "window", "chunk_size",
+              "next_chunk_size", "max_span", "created_at", "finished_at")
     readonly_fields = fields
 
     def get_queryset(self, request):

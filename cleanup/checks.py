@@ -89,6 +89,20 @@ def check_metrics_access(app_configs=None, **kwargs):
     ]
 
 
+@checks.register()
+def check_window(app_configs=None, **kwargs):
+    window = conf.WINDOW
+    if type(window) is int and window >= 1:
+        return []
+    return [
+        checks.Error(
+            f"CLEANUP_WINDOW is {window!r}; it must be a whole number of chunks, at least 1.",
+            hint="With no room in the window no run would ever plan a chunk.",
+            id="cleanup.E011",
+        )
+    ]
+
+
 @checks.register(checks.Tags.models)
 def check_policies(app_configs=None, **kwargs):
     errors = []
@@ -136,6 +150,18 @@ def check_policies(app_configs=None, **kwargs):
                     hint="Range chunks are intervals of integer keys; use scheme='items'.",
                     obj=policy.model,
                     id="cleanup.E008",
+                )
+            )
+        if (policy.partition_field is not None
+                and policy.model._meta.get_field(policy.partition_field).null):
+            errors.append(
+                checks.Error(
+                    f"Policy {policy.name!r} partitions its range chunks by "
+                    f"{policy.partition_field!r}, which allows NULL.",
+                    hint="Rows with a NULL partition would never be planned; partition by a "
+                    "column that is never NULL, or by none (partition_field=None).",
+                    obj=policy.model,
+                    id="cleanup.E010",
                 )
             )
         if len(rows.query.alias_map) > 1:

@@ -112,7 +112,7 @@ def dispatch(
             )
             # The first window; the run waits for room if the policy's other runs
             # hold the whole window.
-            window.top_up(policy.name)
+            window.top_up(policy.name, strict=True)
             run.refresh_from_db()
             if run.planned_all and run.chunks_planned == 0:
                 run = transitions.settle_run(run.pk)  # nothing to do: completed
@@ -165,6 +165,14 @@ def apply_in_process(run: Run) -> None:
         for chunk in chunks:
             apply_chunk(chunk.message)
             transitions.acknowledge(Q(pk=chunk.pk))
+    run.refresh_from_db()
+    if run.state == Run.State.RUNNING and not run.planned_all:
+        # The policy's other runs hold the window: hand the rest of this one to the
+        # queue, so the chunks planned for it later are sent, not left waiting here.
+        with transaction.atomic():
+            Run.objects.filter(pk=run.pk).update(in_process=False)
+            window.top_up(run.policy)
+        log.info("run handed to the queue", run_id=str(run.id), policy=run.policy)
 
 
 def _in_flight(policy: Policy, within: timedelta) -> Run | None:
@@ -172,7 +180,8 @@ def _in_flight(policy: Policy, within: timedelta) -> Run | None:
     ``within``, or one still planning (its chunks keep coming, whatever its age)."""
     return (
         Run.objects.filter(policy=policy.name, state=Run.State.RUNNING)
-        .filter(Q(created_at__gte=timezone.now() - within) | Q(planned_all=False))
+        .filter(Q(created_at__gte=timezone.now() - within)
+                | Q(planned_all=False, planning_error=""))
         .order_by("-created_at")
         .first()
     )

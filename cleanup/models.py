@@ -56,6 +56,10 @@ class Run(models.Model):
     span_start = models.BigIntegerField(null=True, blank=True)
     span_end = models.BigIntegerField(null=True, blank=True)
     frontier = models.JSONField(null=True, blank=True)
+    planning_error = models.TextField(
+        blank=True, help_text="Why planning the next chunk last failed (retried by the "
+        "reconciler); empty when it works."
+    )
     window = models.PositiveSmallIntegerField(
         default=1, help_text="Chunks of the policy in flight at most, as at dispatch."
     )

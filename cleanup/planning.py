@@ -23,7 +23,7 @@ from typing import Any
 from django.db.models import Count, DateTimeField, Max, Min, Q, Value
 from django.db.models.functions import Cast
 
-from cleanup.expressions import ObservedText
+from cleanup.expressions import Clamped, ObservedText
 from cleanup.policies import ITEMS, Policy
 
 
@@ -56,8 +56,9 @@ def span(policy: Policy, frozen: dict[str, datetime], scheme: str) -> Span:
     showing the position only; the cursor itself starts before the first row.
     """
     if scheme == ITEMS:
+        # Clamped: an observed -infinity reads as year 1, whatever loaders the host has.
         oldest = (policy.eligible_rows(frozen).order_by(policy.observed_field)
-                  .values_list(policy.observed_field, flat=True).first())
+                  .values_list(Clamped(policy.observed_field), flat=True).first())
         start = _epoch(oldest) if isinstance(oldest, datetime) else None
         return Span(start, _epoch(frozen["cutoff"]) + 1, {"after": None})
     keys = policy.model._default_manager.aggregate(low=Min("pk"), high=Max("pk"))

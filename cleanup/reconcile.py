@@ -80,7 +80,11 @@ def _top_up_windows() -> int:
     policies = (Run.objects.filter(state=Run.State.RUNNING, planned_all=False)
                 .values_list("policy", flat=True).distinct().order_by("policy"))
     for policy in policies:
-        topped = window.top_up_now(policy)
+        try:
+            topped = window.top_up_now(policy)
+        except Exception as exc:  # noqa: BLE001 - one policy must not stop the re-sends
+            log.error("topping up the window failed", policy=policy, error=str(exc))
+            continue
         if topped:
             log.warning("window topped up by the reconciler", policy=policy, chunks=topped)
         planned += topped

@@ -12,7 +12,7 @@ stays cancelled, and counters only ever add.
        └──────────────▶ retrying ─────────────────┘
     planned, enqueued, retrying ──dead_letter──▶ dead_lettered ──requeue──▶ enqueued
                                                         └──discard──▶ discarded
-    planned, enqueued, retrying ──cancel──▶ cancelled
+    planned, enqueued, retrying ──cancel (or cancel_late)──▶ cancelled
 
 A run is running while it is still planning (cleanup.window) or any chunk is
 unfinished, then completed or completed with dead letters (``settle_run``);
@@ -120,8 +120,8 @@ def requeue(pks: Iterable[int]) -> list[Chunk]:
                                                   state=Chunk.State.DEAD_LETTERED)))
     # Then their runs, and only now is "not cancelled" settled: a cancel that committed
     # while the chunks were being locked is seen here.
-    cancelled = set(Run.objects.select_for_update().filter(
-        pk__in={c.run_id for c in dead}, state=Run.State.CANCELLED).values_list("pk", flat=True))
+    cancelled = set(_lock_runs(Run.objects.filter(
+        pk__in={c.run_id for c in dead}, state=Run.State.CANCELLED)).values_list("pk", flat=True))
     chunks = [c for c in dead if c.run_id not in cancelled]
     now = timezone.now()
     for chunk in chunks:
@@ -129,7 +129,7 @@ def requeue(pks: Iterable[int]) -> list[Chunk]:
         chunk.state = Chunk.State.ENQUEUED
         chunk.enqueued_at = now
         chunk.save(update_fields=["unfinished_forgiven", "state", "enqueued_at"])
-    for run_id in {c.run_id for c in chunks}:
+    for run_id in _in_lock_order({c.run_id for c in chunks}):
         settle_run(run_id)
     return chunks
 
@@ -141,7 +141,7 @@ def discard(pks: Iterable[int], reason: str) -> list[Chunk]:
     Chunk.objects.filter(pk__in=[c.pk for c in chunks]).update(
         state=Chunk.State.DISCARDED, discard_reason=reason, discarded_at=timezone.now()
     )
-    for run_id in {c.run_id for c in chunks}:
+    for run_id in _in_lock_order({c.run_id for c in chunks}):
         _advance_and_settle(run_id)
     return chunks
 
@@ -157,7 +157,7 @@ def cancel_runs(run_ids: Iterable) -> list[tuple[Run, int]]:
         _lock_chunks(Chunk.objects.filter(run_id__in=run_ids, state__in=UNFINISHED))
         .values_list("pk", flat=True)
     )
-    runs = list(Run.objects.select_for_update().filter(pk__in=run_ids, state=Run.State.RUNNING))
+    runs = list(_lock_runs(Run.objects.filter(pk__in=run_ids, state=Run.State.RUNNING)))
     now = timezone.now()
     cancelled = []
     for run in runs:
@@ -192,6 +192,23 @@ def _advance_and_settle(run_id) -> Run:
     if policy is not None:
         window.top_up_safely(policy)
     return settle_run(run_id)
+
+
+def _lock_runs(runs):
+    """Lock run rows oldest first, the order the window plans them in."""
+    return runs.select_for_update().order_by("created_at", "pk")
+
+
+def _in_lock_order(run_ids) -> list:
+    return list(Run.objects.filter(pk__in=list(run_ids)).order_by("created_at", "pk")
+                .values_list("pk", flat=True))
+
+
+def cancel_late(chunk: Chunk) -> bool:
+    """unfinished → cancelled, for a delivery that finds its run cancelled after the
+    cancel passed its chunk by (a delivery held it then)."""
+    return bool(Chunk.objects.filter(pk=chunk.pk, state__in=UNFINISHED).update(
+        state=Chunk.State.CANCELLED))
 
 
 def settle_run(run_id) -> Run:

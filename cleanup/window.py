@@ -44,12 +44,14 @@ def lock_policy(policy_name: str) -> None:
         )
 
 
-def top_up(policy_name: str) -> int:
+def top_up(policy_name: str, *, strict: bool = False) -> int:
     """Plan and send chunks of the policy's running runs, oldest run first, until W are
     in flight or every run is planned; return how many were planned.
 
     Runs in the caller's transaction, under the policy's planning lock, so two chunks
-    ending at once cannot plan the same range twice or overfill the window.
+    ending at once cannot plan the same range twice or overfill the window. A run whose
+    planning fails is left with the error and skipped, so it cannot block the others;
+    ``strict`` (dispatch) raises instead, so the dispatch writes nothing.
     """
     try:
         policy = get_policy(policy_name)
@@ -59,25 +61,42 @@ def top_up(policy_name: str) -> int:
     room = size(policy) - in_flight(policy.name)
     planned = 0
     waiting = Run.objects.filter(policy=policy.name, state=Run.State.RUNNING,
-                                 planned_all=False).order_by("created_at")
+                                 planned_all=False).order_by("created_at", "pk")
     for run_id in waiting.values_list("pk", flat=True):
         if room <= 0:
             break
-        # Locked, then checked again: a cancel that committed meanwhile is seen here.
-        run = Run.objects.select_for_update().get(pk=run_id)
-        if run.state != Run.State.RUNNING or run.planned_all:
+        try:
+            with transaction.atomic():
+                added = _top_up_run(run_id, policy, room)
+        except Exception as exc:  # noqa: BLE001 - kept on the run, retried later
+            if strict:
+                raise
+            log.error("planning the next chunk failed", policy=policy.name,
+                      run_id=str(run_id), error=str(exc))
+            Run.objects.filter(pk=run_id).update(planning_error=_describe(exc))
             continue
-        run.next_chunk_size, run.max_span = sizing.next_size(run, policy)
-        while room > 0 and not run.planned_all:
-            if _plan_next(run, policy):
-                room -= 1
-                planned += 1
-        run.save(update_fields=["frontier", "planned_all", "candidates", "chunks_planned",
-                                "next_chunk_size", "max_span"])
-        if run.planned_all:
-            # Its last chunk may have finished already (or it found nothing): settled here.
-            transitions.settle_run(run.pk)
+        room -= added
+        planned += added
     return planned
+
+
+def _top_up_run(run_id, policy: Policy, room: int) -> int:
+    # Locked, then checked again: a cancel that committed meanwhile is seen here.
+    run = Run.objects.select_for_update().get(pk=run_id)
+    if run.state != Run.State.RUNNING or run.planned_all:
+        return 0
+    run.next_chunk_size, run.max_span = sizing.next_size(run, policy)
+    added = 0
+    while added < room and not run.planned_all:
+        if _plan_next(run, policy):
+            added += 1
+    run.planning_error = ""
+    run.save(update_fields=["frontier", "planned_all", "candidates", "chunks_planned",
+                            "next_chunk_size", "max_span", "planning_error"])
+    if run.planned_all:
+        # Its last chunk may have finished already (or it found nothing): settled here.
+        transitions.settle_run(run.pk)
+    return added
 
 
 def top_up_safely(policy_name: str) -> int:
@@ -125,6 +144,10 @@ def _plan_next(run: Run, policy: Policy) -> bool:
     run.chunks_planned = seq
     run.candidates += chunk.rows
     return True
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:2000]
 
 
 def _message(run: Run, seq: int, planned: planning.PlannedChunk, *, partitioned: bool) -> dict:

@@ -19,7 +19,7 @@ from cleanup.conf import conf
 from cleanup.exceptions import MalformedMessage, UnknownPolicy
 from cleanup.expressions import PairsIn
 from cleanup.messages import ChunkMessage
-from cleanup.models import Chunk
+from cleanup.models import Chunk, Run
 from cleanup.policies import Policy, get_policy
 
 log = structlog.get_logger("cleanup.worker")
@@ -92,6 +92,11 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) ->
             .only("state", "planned_rows", "run_id")
             .get(pk=chunk.pk)
         )
+        if current.state in Chunk.UNFINISHED and Run.objects.filter(
+                pk=current.run_id, state=Run.State.CANCELLED).exists():
+            # Cancelled while a delivery held this chunk: nothing more is deleted.
+            transitions.cancel_late(current)
+            current.state = Chunk.State.CANCELLED
         if current.state not in Chunk.UNFINISHED:
             Chunk.objects.filter(pk=chunk.pk).update(
                 deliveries_completed=F("deliveries_completed") + 1,

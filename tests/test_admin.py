@@ -331,3 +331,17 @@ def test_schedule_rows_are_untouched_by_the_console(admin_client):
     install_schedules()
     admin_client.get(OVERVIEW)
     assert Schedule.objects.count() == 8
+
+
+def test_a_run_still_planning_shows_how_far_it_has_got(admin_client, section, settings,
+                                                        chunk_size):
+    settings.CLEANUP_WINDOW = 2
+    chunk_size("expire-holds", 1)
+    SeatHoldFactory.create_batch(6, section=section, expired=True)
+    run = dispatch("expire-holds", scheme="range").run
+
+    page = admin_client.get(reverse("admin:cleanup_run_change", args=[run.pk])).content.decode()
+    listing = admin_client.get(reverse("admin:cleanup_run_changelist")).content.decode()
+
+    assert "planning as chunks finish" in page and "through its span" in page
+    assert "0/2+" in listing  # two planned so far, more to come

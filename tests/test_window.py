@@ -277,3 +277,104 @@ def test_with_redis_the_next_chunk_is_sent_after_its_planners_commit(section, se
         assert run.state == Run.State.COMPLETED and SeatHold.objects.count() == 0
     finally:
         client.flushdb()
+
+
+def test_status_shows_the_position_in_the_span_and_the_rows_to_go(section, small_window):
+    from cleanup.status import run_summary
+
+    SeatHoldFactory.create_batch(8, section=section, expired=True)
+    run = dispatch("expire-holds", scheme="range").run
+    apply_chunk(chunks_of(run)[0].message)
+    run.refresh_from_db()
+
+    during = run_summary(run)
+    assert during["planned_all"] is False and during["chunks_planned"] == 3
+    assert 0 < during["position"] < 1
+    assert during["estimated_remaining_rows"] > 0
+    assert during["frontier"] == {"next_id": chunks_of(run)[-1].message["end_id"]}
+
+    drain()
+    run.refresh_from_db()
+    after = run_summary(run)
+    assert (after["planned_all"], after["position"], after["estimated_remaining_rows"]) == (
+        True, 1.0, 0)
+    assert after["chunks_planned"] == 8
+
+
+def test_a_run_whose_planning_fails_is_skipped_and_keeps_the_error(section, settings,
+                                                                   chunk_size, monkeypatch):
+    settings.CLEANUP_WINDOW = 2
+    chunk_size("expire-holds", 1)
+    SeatHoldFactory.create_batch(4, section=section, expired=True)
+    broken = dispatch("expire-holds", key="broken").run
+    healthy = dispatch("expire-holds", key="healthy").run
+    real = planning.next_chunk
+
+    def fails_for_one_run(policy, frozen, *args, **kwargs):
+        if frozen["cutoff"] == broken.cutoff:
+            raise RuntimeError("predicate changed under a planning run")
+        return real(policy, frozen, *args, **kwargs)
+
+    monkeypatch.setattr(planning, "next_chunk", fails_for_one_run)
+    for chunk in chunks_of(broken):
+        apply_chunk(chunk.message)
+
+    broken.refresh_from_db()
+    healthy.refresh_from_db()
+    assert "predicate changed" in broken.planning_error and not broken.planned_all
+    assert healthy.chunks_planned == 2  # the broken run's room went to the next one
+    # A new slot joins the healthy run still planning, never the broken one.
+    slot = dispatch("expire-holds", key="slot", coalesce_within=timedelta(0))
+    assert slot.coalesced and slot.run.pk == healthy.pk
+
+
+def test_a_sync_run_without_room_is_handed_to_the_queue(section, settings, chunk_size):
+    settings.CLEANUP_WINDOW = 1
+    chunk_size("expire-holds", 1)
+    SeatHoldFactory.create_batch(2, section=section, expired=True)
+    queued = dispatch("expire-holds", key="queued", cutoff=timezone.now()).run
+
+    synced = dispatch("expire-holds", key="sync", sync=True).run
+
+    assert synced.state == Run.State.RUNNING and not synced.in_process
+    drain()
+    synced.refresh_from_db()
+    queued.refresh_from_db()
+    assert queued.state == synced.state == Run.State.COMPLETED
+    # The chunks planned for it after the hand-over went to the queue.
+    assert all(c.enqueued_at is not None for c in chunks_of(synced))
+
+
+def test_a_chunk_delivered_after_its_run_was_cancelled_deletes_nothing(expired_holds):
+    run = dispatch("expire-holds").run
+    chunk = chunks_of(run)[0]
+    # As if the cancel had passed this chunk by while a delivery held it.
+    Run.objects.filter(pk=run.pk).update(state=Run.State.CANCELLED, planned_all=True)
+
+    assert apply_chunk(chunk.message) == Outcome.NOOP
+
+    chunk.refresh_from_db()
+    assert chunk.state == Chunk.State.CANCELLED
+    assert SeatHold.objects.count() == 5
+
+
+def test_system_checks_refuse_an_empty_window_and_a_nullable_partition(settings, chunk_size):
+    # chunk_size: its fixture puts the registry back after the test.
+    from dataclasses import replace
+
+    from django.core import checks
+
+    from cleanup.checks import check_policies, check_window
+    from cleanup.policies import get_policy, register
+
+    settings.CLEANUP_WINDOW = 0
+    assert [e.id for e in check_window()] == ["cleanup.E011"]
+    settings.CLEANUP_WINDOW = 4
+    assert check_window() == []
+
+    purge = get_policy("purge-cleanup-slots")  # partitioned by the slot's nullable run
+    register(replace(purge, name="by-nullable-run", partition_field="run"))
+    errors = [e for e in check_policies() if e.id == "cleanup.E010"]
+    assert [e.msg for e in errors] == [
+        "Policy 'by-nullable-run' partitions its range chunks by 'run', which allows NULL."]
+    assert all(isinstance(e, checks.Error) for e in errors)

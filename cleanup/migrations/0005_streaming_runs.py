@@ -65,5 +65,10 @@ class Migration(migrations.Migration):
             name='max_span',
             field=models.PositiveBigIntegerField(blank=True, help_text='Widest id span of the next range chunk; empty: no cap.', null=True),
         ),
+        migrations.AddField(
+            model_name='run',
+            name='planning_error',
+            field=models.TextField(blank=True, help_text='Why planning the next chunk last failed (retried by the reconciler); empty when it works.'),
+        ),
         migrations.RunPython(existing_runs_planned_all, migrations.RunPython.noop),
     ]
