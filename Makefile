@@ -27,6 +27,9 @@ demo: $(STAMP)
 
 # The admin console on http://127.0.0.1:8000/admin/ (create a user first with
 # `.venv/bin/python manage.py createsuperuser`); run `make demo` before for data.
+# gunicorn serves the app and WhiteNoise its static files, as in production.
+SERVE_ADDRESS ?= 127.0.0.1:8000
 serve: $(STAMP)
 	$(PYTHON) manage.py migrate --verbosity 0
-	$(PYTHON) manage.py runserver 127.0.0.1:8000
+	$(PYTHON) manage.py collectstatic --noinput --verbosity 0
+	$(VENV)/bin/gunicorn config.wsgi --bind $(SERVE_ADDRESS) --workers 2 --access-logfile -

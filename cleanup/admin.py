@@ -29,6 +29,7 @@ from cleanup.overview import overview
 from cleanup.policies import get_policy
 from cleanup.preview import preview
 from cleanup.replay import replay
+from cleanup.status import run_summary
 
 CHUNKS_PER_PAGE = 50
 STATE_COLOURS = {
@@ -39,11 +40,63 @@ STATE_COLOURS = {
 }
 
 
-def badge(state: str, label: str):
+# Labels short enough for the runs list; the full one is the badge's title.
+SHORT_RUN_STATES = {"completed_with_dead_letters": "Dead letters"}
+
+
+def badge(state: str, label: str, title: str = ""):
     return format_html(
-        '<span style="background:{};color:#fff;padding:1px 6px;border-radius:8px;'
-        'white-space:nowrap">{}</span>', STATE_COLOURS.get(state, "#555"), label,
+        '<span title="{}" style="background:{};color:#fff;padding:1px 6px;border-radius:8px;'
+        'white-space:nowrap">{}</span>', title or label, STATE_COLOURS.get(state, "#555"),
+        label,
     )
+
+
+def run_totals(run: Run) -> dict:
+    """The run page's headline: progress and what its chunks did."""
+    summary = run_summary(run)
+    done = summary["chunks"]["committed"] + summary["chunks"]["acknowledged"]
+    seconds = ((run.finished_at or timezone.now()) - run.created_at).total_seconds()
+    return {
+        **summary,
+        "done": done,
+        "planned_text": f"{run.chunks_planned}" if run.planned_all
+        else f"{run.chunks_planned} so far",
+        "position_percent": None if summary["position"] is None
+        else round(100 * summary["position"]),
+        "seconds": round(seconds, 1),
+        "rate": round(summary["rows_deleted"] / seconds) if seconds > 0 else None,
+        "dead": summary["chunks"]["dead_lettered"],
+    }
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class FoundWorkFilter(admin.SimpleListFilter):
+    """Runs that found nothing (one a minute when all is well) are hidden by default."""
+
+    title = "work found"
+    parameter_name = "work"
+
+    def lookups(self, request, model_admin):
+        return [("found", "Found work (default)"), ("none", "Found nothing"), ("all", "All")]
+
+    def choices(self, changelist):
+        value = self.value() or "found"
+        for lookup, title in self.lookup_choices:
+            yield {"selected": value == lookup, "display": title,
+                   "query_string": changelist.get_query_string({self.parameter_name: lookup})}
+
+    def queryset(self, request, queryset):
+        value = self.value() or "found"
+        found = Q(chunks_planned__gt=0) | Q(state=Run.State.RUNNING)
+        if value == "found":
+            return queryset.filter(found)
+        if value == "none":
+            return queryset.exclude(found)
+        return queryset
 
 
 def actor(request) -> str:
@@ -113,9 +166,11 @@ class LedgerAdmin(admin.ModelAdmin):
 
 @admin.register(Run)
 class RunAdmin(LedgerAdmin):
-    list_display = ("short_id", "policy", "scheme", "started_by", "cutoff_exact", "state_badge",
-                    "progress", "rows_deleted", "noops", "dead_letters", "duration")
-    list_filter = ("policy", "state", "trigger")
+    # Fits a 1366 px laptop with the sidebar open: two-line cells for what belongs
+    # together, the cutoff to the second (exact in its title and on the run page).
+    list_display = ("short_id", "policy_scheme", "cutoff_short", "state_badge", "progress",
+                    "rows_deleted", "dead_letters", "duration")
+    list_filter = ("policy", FoundWorkFilter, "state", "trigger")
     search_fields = ("dispatch_key",)
     actions = ["replay_runs", "cancel_runs"]
     fields = ("id", "policy", "scheme", "state", "trigger", "replay_link", "dispatch_key",
@@ -134,7 +189,18 @@ class RunAdmin(LedgerAdmin):
 
     @admin.display(description="run", ordering="created_at")
     def short_id(self, run):
-        return str(run.id)[:8]
+        return format_html('{}<br><small title="what started it">{}</small>', str(run.id)[:8],
+                           self.started_by(run))
+
+    @admin.display(description="policy", ordering="policy")
+    def policy_scheme(self, run):
+        return format_html('{}<br><small>{}</small>', run.policy, run.scheme)
+
+    @admin.display(description="cutoff", ordering="cutoff")
+    def cutoff_short(self, run):
+        exact = run.cutoff.isoformat(timespec="microseconds")
+        return format_html('<span title="{}" style="white-space:nowrap">{}</span>', exact,
+                           run.cutoff.strftime("%Y-%m-%d %H:%M:%S"))
 
     @admin.display(description="cutoff", ordering="cutoff")
     def cutoff_exact(self, run):
@@ -164,13 +230,15 @@ class RunAdmin(LedgerAdmin):
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, run):
-        return badge(run.state, run.get_state_display())
+        return badge(run.state, SHORT_RUN_STATES.get(run.state, run.get_state_display()),
+                     title=run.get_state_display())
 
     @admin.display(description="progress")
     def progress(self, run):
         # A run still planning as it goes has more chunks to come than planned so far.
         planned = f"{run.chunks_planned}" if run.planned_all else f"{run.chunks_planned}+"
-        return format_html('<progress value="{}" max="{}"></progress> {}/{}', run.done,
+        return format_html('<span style="white-space:nowrap"><progress value="{}" max="{}" '
+                           'style="width:4em"></progress> {}/{}</span>', run.done,
                            max(run.chunks_planned, 1), run.done, planned)
 
     @admin.display(description="planning")
@@ -185,7 +253,7 @@ class RunAdmin(LedgerAdmin):
             parts.append(f"about {left:,} rows to go")
         return ", ".join(parts)
 
-    @admin.display(description="rows deleted", ordering="deleted")
+    @admin.display(description="deleted", ordering="deleted")
     def rows_deleted(self, run):
         return run.deleted
 
@@ -193,11 +261,11 @@ class RunAdmin(LedgerAdmin):
     def noops(self, run):
         return run.noop
 
-    @admin.display(description="dead letters", ordering="dead")
+    @admin.display(description="dead", ordering="dead")
     def dead_letters(self, run):
-        return run.dead
+        return run.dead or ""
 
-    @admin.display(description="duration")
+    @admin.display(description="took")
     def duration(self, run):
         seconds = ((run.finished_at or timezone.now()) - run.created_at).total_seconds()
         return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
@@ -245,6 +313,7 @@ class RunAdmin(LedgerAdmin):
             chunks = Paginator(run.chunks.order_by("seq"), CHUNKS_PER_PAGE)
             extra_context["chunk_page"] = chunks.get_page(request.GET.get("chunks"))
             extra_context["can_replay"] = self.has_replay_permission(request)
+            extra_context["totals"] = run_totals(run)
         return super().change_view(request, object_id, form_url, extra_context)
 
     def changelist_view(self, request, extra_context=None):
@@ -285,7 +354,7 @@ class RunAdmin(LedgerAdmin):
         context = {"title": f"Replay run {str(run.id)[:8]} with a new cutoff", "form": form,
                    "run": run}
         if request.method == "POST" and form.is_valid():
-            cutoff = form.cleaned_data["cutoff"]
+            cutoff = form.cleaned_data["cutoff"] or timezone.now()  # empty: now
             try:
                 if "_confirm" in request.POST:
                     result = replay(run.pk, new_cutoff=cutoff)
@@ -344,27 +413,76 @@ class ChunkStateFilter(admin.SimpleListFilter):
 
 @admin.register(Chunk)
 class ChunkAdmin(LedgerAdmin):
-    list_display = ("__str__", "run_link", "policy", "state_badge", "failure_class",
-                    "deliveries", "rows_deleted", "noop_deliveries", "error", "planned_at",
-                    "committed_at", "acknowledged_at")
+    # A short label (#12) beside its run's short id; fits a 1366 px laptop.
+    list_display = ("label", "state_badge", "failure", "tries", "deleted", "error", "when")
+    list_display_links = None  # the label links to the chunk, its second line to the run
     list_filter = (ChunkStateFilter, "failure_class", "run__policy")
     list_select_related = ("run",)
     actions = ["replay_chunks", "requeue_chunks", "discard_chunks"]
     fieldsets = [
-        (None, {"fields": ("run_link", "seq", "state", "planned_rows", "message_as_sent")}),
+        (None, {"fields": ("run_link", "seq", "state", "planned_rows")}),
+        ("Failure", {"fields": ("failure_class", "reason", "last_error_text",
+                                "discard_reason")}),
         ("Outcome", {"fields": ("rows_deleted", "items_skipped", "deliveries",
                                 "deliveries_completed", "noop_deliveries", "failures",
-                                "transient_retries", "dead_letters", "failure_class",
-                                "last_error_text", "discard_reason")}),
+                                "transient_retries", "dead_letters")}),
+        ("Message", {"fields": ("message_as_sent",)}),
         ("Timestamps", {"fields": ("planned_at", "enqueued_at", "last_delivery_at",
                                    "committed_at", "acknowledged_at", "dead_lettered_at",
                                    "discarded_at")}),
     ]
     readonly_fields = [f for _, spec in fieldsets for f in spec["fields"]]
 
+    def get_fieldsets(self, request, obj=None):
+        """What went wrong first on a chunk that failed; otherwise no failure section."""
+        if obj is not None and (obj.failure_class or obj.last_error):
+            failure = [spec for spec in self.fieldsets if spec[0] == "Failure"]
+            return failure + [spec for spec in self.fieldsets if spec[0] != "Failure"]
+        return [spec for spec in self.fieldsets if spec[0] != "Failure"]
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        extra_context = {**(extra_context or {}),
+                         "can_requeue": self.has_requeue_permission(request),
+                         "can_discard": self.has_discard_permission(request)}
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    @admin.display(description="reason")
+    def reason(self, chunk):
+        """The last error's last line: what the operator reads first."""
+        lines = chunk.last_error.strip().splitlines()
+        return lines[-1] if lines else "-"
+
     def lookup_allowed(self, lookup, value, request=None):
         return lookup in ("run", "run__id__exact") or super().lookup_allowed(
             lookup, value, request)
+
+    @admin.display(description="chunk", ordering="run__created_at")
+    def label(self, chunk):
+        return format_html(
+            '<a href="{}">#{}</a><br><small><a href="{}" title="{}">{}</a> {}</small>',
+            reverse("admin:cleanup_chunk_change", args=[chunk.pk]), chunk.seq,
+            reverse("admin:cleanup_run_change", args=[chunk.run_id]), chunk.run_id,
+            str(chunk.run_id)[:8], chunk.run.policy)
+
+    @admin.display(description="tries", ordering="deliveries")
+    def tries(self, chunk):
+        return chunk.deliveries
+
+    @admin.display(description="deleted", ordering="rows_deleted")
+    def deleted(self, chunk):
+        return chunk.rows_deleted
+
+    @admin.display(description="failure", ordering="failure_class")
+    def failure(self, chunk):
+        return chunk.failure_class or ""
+
+    @admin.display(description="last change")
+    def when(self, chunk):
+        moment = (chunk.acknowledged_at or chunk.committed_at or chunk.dead_lettered_at
+                  or chunk.discarded_at or chunk.last_delivery_at or chunk.planned_at)
+        return format_html('<span title="{}" style="white-space:nowrap">{}</span>',
+                           moment.isoformat(timespec="microseconds"),
+                           moment.strftime("%m-%d %H:%M:%S"))
 
     @admin.display(description="run", ordering="run__created_at")
     def run_link(self, chunk):
@@ -382,11 +500,20 @@ class ChunkAdmin(LedgerAdmin):
     @admin.display(description="last error")
     def error(self, chunk):
         lines = chunk.last_error.strip().splitlines()
-        return lines[-1][:120] if lines else ""
+        if not lines:
+            return ""
+        return format_html('<span title="{}">{}</span>', lines[-1], _shorten(lines[-1], 40))
 
     @admin.display(description="message as sent")
     def message_as_sent(self, chunk):
-        return format_html("<pre>{}</pre>", json.dumps(chunk.message, indent=2))
+        """Collapsed: an items message holds thousands of pairs."""
+        items = chunk.message.get("items")
+        what = (f"{len(items)} items" if isinstance(items, list)
+                else f"range [{chunk.message.get('start_id')}, {chunk.message.get('end_id')})")
+        return format_html('<details class="message"><summary>Version {}, {} (show the '
+                           'message)</summary><pre>{}</pre></details>',
+                           chunk.message.get("version"), what,
+                           json.dumps(chunk.message, indent=1))
 
     @admin.display(description="last error")
     def last_error_text(self, chunk):

@@ -4,12 +4,13 @@ all in one transaction; the run plans the rest as it goes (cleanup.window)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import structlog
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Q, Sum
 from django.utils import timezone
 from django_q.conf import Conf
 
@@ -49,6 +50,7 @@ def dispatch(
     sync: bool = False,
     dry_run: bool = False,
     coalesce_within: timedelta | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> DispatchResult:
     """Create the run for ``key`` (or return the one that has it) and send its chunks.
 
@@ -57,7 +59,8 @@ def dispatch(
     input is checked before anything is written. ``sync`` applies the chunks in this
     process instead of the queue. With ``coalesce_within``, a running run of the policy
     started that recently is returned instead of a new one (checked under the policy's
-    planning lock, so concurrent requests cannot both miss it).
+    planning lock, so concurrent requests cannot both miss it). With ``sync``,
+    ``progress(chunks, rows)`` is called after each chunk applied.
     """
     policy = get_policy(policy_name)
     requested_scheme, scheme = scheme, check_scheme(scheme, policy)
@@ -75,7 +78,7 @@ def dispatch(
 
     request = (policy.name, requested_scheme, requested_cutoff)
     if key is not None and (existing := Run.objects.filter(dispatch_key=key).first()):
-        return _existing(existing, request, sync=sync)
+        return _existing(existing, request, sync=sync, progress=progress)
     key = key or f"command:{uuid.uuid4()}"
     # django-q2's sync mode would run each task inside this transaction, before the
     # run commits; apply the chunks after it instead.
@@ -118,7 +121,8 @@ def dispatch(
                 run = transitions.settle_run(run.pk)  # nothing to do: completed
     except IntegrityError:
         # Another dispatcher with the same key committed first.
-        return _existing(Run.objects.get(dispatch_key=key), request, sync=sync)
+        return _existing(Run.objects.get(dispatch_key=key), request, sync=sync,
+                         progress=progress)
     log.info(
         "dispatched",
         run_id=str(run.id),
@@ -136,7 +140,7 @@ def dispatch(
         max_span=run.max_span,
     )
     if sync:
-        apply_in_process(run)
+        apply_in_process(run, progress)
         run.refresh_from_db()
     return DispatchResult(
         run, True, policy.name, scheme, cutoff, run.candidates, run.chunks_planned,
@@ -156,15 +160,19 @@ def check_key(key: str | None) -> str | None:
     return key
 
 
-def apply_in_process(run: Run) -> None:
+def apply_in_process(run: Run, progress: Callable[[int, int], None] | None = None) -> None:
     """Apply a run's chunks here, one after another, without the queue, until it has
     none left unfinished (each commit plans the next)."""
     from cleanup.worker import apply_chunk
 
+    applied = 0
     while chunks := list(run.chunks.filter(state__in=Chunk.UNFINISHED).order_by("seq")):
         for chunk in chunks:
             apply_chunk(chunk.message)
             transitions.acknowledge(Q(pk=chunk.pk))
+            applied += 1
+            if progress is not None:
+                progress(applied, _rows_deleted(run))
     run.refresh_from_db()
     if run.state == Run.State.RUNNING and not run.planned_all:
         # The policy's other runs hold the window: hand the rest of this one to the
@@ -173,6 +181,10 @@ def apply_in_process(run: Run) -> None:
             Run.objects.filter(pk=run.pk).update(in_process=False)
             window.top_up(run.policy)
         log.info("run handed to the queue", run_id=str(run.id), policy=run.policy)
+
+
+def _rows_deleted(run: Run) -> int:
+    return Chunk.objects.filter(run=run).aggregate(n=Sum("rows_deleted"))["n"] or 0
 
 
 def _in_flight(policy: Policy, within: timedelta) -> Run | None:
@@ -187,7 +199,8 @@ def _in_flight(policy: Policy, within: timedelta) -> Run | None:
     )
 
 
-def _existing(run: Run, request: tuple, *, sync: bool) -> DispatchResult:
+def _existing(run: Run, request: tuple, *, sync: bool,
+              progress: Callable[[int, int], None] | None = None) -> DispatchResult:
     """Return the run a key already names, if the request is the same one."""
     policy, scheme, cutoff = request
     contradictions = [
@@ -204,7 +217,7 @@ def _existing(run: Run, request: tuple, *, sync: bool) -> DispatchResult:
         )
     if sync:
         # Finish what an interrupted --sync run of this key left unapplied.
-        apply_in_process(run)
+        apply_in_process(run, progress)
         run.refresh_from_db()
     return DispatchResult(
         run, False, run.policy, run.scheme, run.cutoff, run.candidates, run.chunks_planned,

@@ -28,7 +28,8 @@ class DispatchForm(forms.Form):
         choices=[("", "the policy's own")] + [(s, s) for s in SCHEMES], required=False
     )
     cutoff = CutoffField(
-        required=False, help_text="ISO-8601 with offset, not in the future. Empty: now."
+        required=False, help_text="ISO-8601 with offset, e.g. 2026-11-29T08:00:00+00:00, not "
+        "in the future. Empty: now."
     )
 
     def __init__(self, *args, **kwargs):
@@ -38,7 +39,10 @@ class DispatchForm(forms.Form):
 
 class NewCutoffForm(forms.Form):
     cutoff = CutoffField(
-        help_text="ISO-8601 with offset: not in the future, not before the run's own cutoff."
+        required=False,
+        help_text="ISO-8601 with offset, e.g. 2026-11-29T08:00:00+00:00: not in the future, "
+        "not before the run's own cutoff. Empty: now, so the new run covers everything "
+        "eligible up to this moment.",
     )
 
 

@@ -193,7 +193,7 @@ class Chunk(models.Model):
         indexes = [models.Index(fields=["run", "state"]), models.Index(fields=["state"])]
 
     def __str__(self) -> str:
-        return f"chunk {self.seq} of run {self.run_id}"
+        return f"chunk #{self.seq} of run {str(self.run_id)[:8]}"
 
 
 class OrphanMessage(models.Model):

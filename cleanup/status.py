@@ -2,23 +2,42 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 
 from django.core.exceptions import ValidationError
-from django.db.models import Count, Sum
+from django.db.models import CharField, Count, Sum
+from django.db.models.functions import Cast
 
 from cleanup import planning
 from cleanup.exceptions import CleanupError, UnknownRun
 from cleanup.models import Chunk, Run
 
+PREFIX = re.compile(r"[0-9a-f-]+")
+# The shortest prefix of a run id taken: the admin shows eight characters.
+MIN_PREFIX = 4
+
 
 def get_run(run_id) -> Run:
-    if not str(run_id).strip():
+    """The run with this id, or with this unique prefix of its id (as the admin shows it)."""
+    text = str(run_id).strip().lower()
+    if not text:
         raise CleanupError("run id is empty")
     try:
-        return Run.objects.get(pk=uuid.UUID(str(run_id)))
+        return Run.objects.get(pk=uuid.UUID(text))
     except (ValueError, ValidationError, Run.DoesNotExist):
-        raise UnknownRun(run_id) from None
+        pass
+    if len(text) < MIN_PREFIX or not PREFIX.fullmatch(text):
+        raise UnknownRun(run_id)
+    matches = list(Run.objects.annotate(text_id=Cast("id", CharField()))
+                   .filter(text_id__startswith=text).order_by("-created_at")[:6])
+    if not matches:
+        raise UnknownRun(run_id)
+    if len(matches) > 1:
+        shown = ", ".join(str(run.id) for run in matches[:5])
+        raise CleanupError(f"run id prefix {text!r} is ambiguous: it matches {shown}"
+                           f"{' and more' if len(matches) > 5 else ''}; give more of the id")
+    return matches[0]
 
 
 def latest_run() -> Run:
@@ -59,7 +78,7 @@ def run_summary(run: Run) -> dict:
         "window": run.window,
         "chunk_size": run.chunk_size,
         "next_chunk_size": run.next_chunk_size,
-        "chunks": by_state,
+        "chunks": {**by_state, "total": sum(by_state.values())},
         **{name: value or 0 for name, value in totals.items()},
         "created_at": run.created_at.isoformat(),
         "finished_at": run.finished_at.isoformat() if run.finished_at else None,

@@ -22,8 +22,12 @@ structlog.configure(
 )
 
 
-def logging_config(*, json_lines: bool) -> dict:
-    """Return a LOGGING dict whose handler renders structlog and stdlib records alike."""
+def logging_config(*, json_lines: bool, queue_level: str = "INFO") -> dict:
+    """Return a LOGGING dict whose handler renders structlog and stdlib records alike.
+
+    ``queue_level`` is django-q2's own logger's: at INFO (the default profile) qcluster
+    says at start-up what it runs, and logs each task it processes.
+    """
     renderer = (
         structlog.processors.JSONRenderer()
         if json_lines
@@ -49,6 +53,6 @@ def logging_config(*, json_lines: bool) -> dict:
         "loggers": {
             "cleanup": {"level": "INFO"},
             "reservations": {"level": "INFO"},
-            "django-q": {"level": "WARNING"},
+            "django-q": {"level": queue_level},
         },
     }

@@ -90,6 +90,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Static files (the admin's CSS and JS) from STATIC_ROOT, whatever serves the app.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -137,7 +139,16 @@ TIME_ZONE = "UTC"
 LANGUAGE_CODE = "en-us"
 USE_I18N = True
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / ".data" / "static"
+# `collectstatic` fills it (`make serve` runs it); WhiteNoise serves it. In production
+# the file names carry a hash of their content, so browsers may cache them for good.
+STATIC_ROOT = Path(os.environ.get("DJANGO_STATIC_ROOT", "") or BASE_DIR / ".data" / "static")
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage" if PRODUCTION
+        else "django.contrib.staticfiles.storage.StaticFilesStorage",
+    },
+}
 
 
 # django-q2 with the ORM broker on the models' own alias, so a run, its chunks and
@@ -177,4 +188,5 @@ if os.environ.get("Q_BROKER", "orm") == "redis":
     del Q_CLUSTER["orm"]
     Q_CLUSTER["redis"] = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
-LOGGING = logging_config(json_lines=PRODUCTION or bool(os.environ.get("LOG_JSON")))
+LOGGING = logging_config(json_lines=PRODUCTION or bool(os.environ.get("LOG_JSON")),
+                         queue_level="WARNING" if PRODUCTION else "INFO")

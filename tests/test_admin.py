@@ -70,9 +70,10 @@ def test_run_list_shows_progress_counts_and_trigger(admin_client, dead_letter):
 
     page = admin_client.get(RUNS).content.decode()
 
-    assert '<progress value="0" max="1"></progress> 0/1' in page
+    assert '<progress value="0" max="1" style="width:4em"></progress> 0/1' in page
     assert "Replay of run" in page and str(dead_letter.run_id)[:8] in page
-    assert "Completed with dead letters" in page
+    # A short label in the list, the full state as its title.
+    assert 'title="Completed with dead letters"' in page and ">Dead letters</span>" in page
 
 
 def test_run_page_is_read_only_with_a_paginated_chunk_table(admin_client, expired_holds,

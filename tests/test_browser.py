@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
 
 import pytest
 from django.contrib.auth.models import User
@@ -18,8 +23,8 @@ from cleanup.dispatch import dispatch
 from cleanup.models import Chunk
 from cleanup.worker import apply_chunk
 from reservations.models import SeatHold
-from tests.conftest import ROOT
-from tests.factories import SeatHoldFactory
+from tests.conftest import ROOT, subprocess_env, wait_for
+from tests.factories import SeatHoldFactory, SectionFactory
 from tests.test_processes import qcluster  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
@@ -89,3 +94,124 @@ def test_staff_replays_a_dead_letter_and_sees_it_acknowledged(browser_page, live
     page.goto(f"{live_server.url}/admin/cleanup/run/{chunk.run_id}/change/")
     assert "Completed" in page.inner_text("#content")
     page.screenshot(path=str(ARTIFACTS / "run.png"), full_page=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def served(tmp_path):
+    """The console as the README starts it: `make serve` (collectstatic, then gunicorn
+    with WhiteNoise), on the test database; pytest's live server would serve static
+    files by itself and prove nothing about them."""
+    address = f"127.0.0.1:{free_port()}"
+    log = (tmp_path / "serve.log").open("w")
+    process = subprocess.Popen(
+        ["make", "--no-print-directory", "serve", f"SERVE_ADDRESS={address}"], cwd=ROOT,
+        env=subprocess_env(DJANGO_STATIC_ROOT=str(tmp_path / "static")), stdout=log,
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    url = f"http://{address}"
+    try:
+        wait_for(lambda: _answers(f"{url}/admin/login/"), timeout=60, interval=0.3,
+                 what="make serve to answer")
+        yield url
+    finally:
+        stop_group(process)
+        log.close()
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """SIGTERM make and gunicorn's processes, and wait until every one is gone (their
+    connections must close before the test database is dropped)."""
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(30)
+    for _ in range(150):
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return urllib.request.urlopen(url, timeout=2).status == 200
+    except OSError:
+        return False
+
+
+def log_in(page, url: str) -> None:
+    page.goto(f"{url}/admin/login/?next=/admin/")
+    page.fill("#id_username", "operator")
+    page.fill("#id_password", "correct horse")
+    page.click("input[type=submit]")
+
+
+def fits(page) -> dict:
+    """Widths of the page and of the results table against the room it has."""
+    return page.evaluate("""() => ({
+        page: document.documentElement.scrollWidth, window: window.innerWidth,
+        table: document.querySelector('#result_list').scrollWidth,
+        room: document.querySelector('#changelist .results').clientWidth})""")
+
+
+def test_the_console_as_make_serve_serves_it_fits_a_laptop(browser_page, served):
+    page = browser_page
+    User.objects.create_superuser("operator", "op@example.com", "correct horse")
+    section = SectionFactory(capacity=100)
+    SeatHoldFactory.create_batch(3, section=section, expired=True)
+    finished = dispatch("expire-holds", key="finished", sync=True).run
+    dispatch("expire-holds", key="nothing", sync=True)  # found nothing: hidden by default
+    SeatHoldFactory.create_batch(3, section=section, expired=True)
+    dead = dispatch("expire-holds", key="dead").run.chunks.get()
+    apply_chunk({**dead.message, "version": 99})
+    ARTIFACTS.mkdir(exist_ok=True)
+
+    page.set_viewport_size({"width": 1366, "height": 900})
+    log_in(page, served)
+    # Static files: the stylesheet is served and applied.
+    assert page.request.get(f"{served}/static/admin/css/base.css").status == 200
+    header = page.evaluate("getComputedStyle(document.querySelector('#header')).display")
+    assert header == "flex"  # base.css lays the header out; unstyled it is a block
+
+    for width in (1366, 1440):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.goto(f"{served}/admin/cleanup/run/")
+        measured = fits(page)
+        assert measured["table"] <= measured["room"], (width, measured)
+        assert measured["page"] <= measured["window"], (width, measured)
+        if width == 1366:
+            page.screenshot(path=str(ARTIFACTS / "runs-1366.png"), full_page=True)
+            rows = page.locator("#result_list tbody tr")
+            assert rows.count() == 2  # the run that found nothing is filtered out
+        page.goto(f"{served}/admin/cleanup/chunk/")
+        measured = fits(page)
+        assert measured["table"] <= measured["room"], (width, measured)
+        if width == 1366:
+            assert page.locator("#result_list").inner_text().count("#1") == 2
+            page.screenshot(path=str(ARTIFACTS / "chunks-1366.png"), full_page=True)
+    page.set_viewport_size({"width": 1366, "height": 900})
+
+    page.goto(f"{served}/admin/cleanup/run/{finished.pk}/change/")
+    totals = page.inner_text("#run-totals")
+    assert "1 of 1 chunk done" in totals and "3" in totals
+    assert page.locator("#run-totals progress").get_attribute("value") == "1"
+    page.screenshot(path=str(ARTIFACTS / "run-1366.png"), full_page=True)
+
+    page.goto(f"{served}/admin/cleanup/chunk/{dead.pk}/change/")
+    content = page.inner_text("#content")
+    assert content.index("Malformed") < content.index("Rows deleted")  # failure first
+    assert "unknown message version 99" in content
+    assert not page.locator("details.message").evaluate("d => d.open")  # collapsed
+    page.screenshot(path=str(ARTIFACTS / "dead-letter-1366.png"), full_page=True)
+    page.click("#discard-chunk")
+    assert "Discard chunks" in page.inner_text("#content")
+    page.fill("textarea[name=reason], input[name=reason]", "forged in a browser test")
+    page.click("input[value=\"Yes, I'm sure\"]")
+    assert "1 chunk discarded." in page.inner_text(".messagelist")
+    assert Chunk.objects.get(pk=dead.pk).state == Chunk.State.DISCARDED

@@ -100,7 +100,7 @@ def test_status_json_reports_chunks_by_state_and_totals(expired_holds):
     assert status["cutoff"] == dispatched["cutoff"]
     assert status["chunks"] == {
         "planned": 0, "enqueued": 0, "retrying": 0, "committed": 1, "acknowledged": 0,
-        "dead_lettered": 0, "discarded": 0, "cancelled": 0,
+        "dead_lettered": 0, "discarded": 0, "cancelled": 0, "total": 1,
     }
     assert (status["rows_deleted"], status["noops"], status["deliveries"]) == (5, 1, 2)
 

@@ -105,3 +105,60 @@ def test_replay_of_a_cancelled_run_is_refused(section):
     call_command("cleanup_cancel", str(run.pk), interactive=False, stdout=StringIO())
     with pytest.raises(CommandError, match="is cancelled"):
         call_command("cleanup_replay", str(run.pk))
+
+
+def test_commands_take_the_short_run_id_the_admin_shows(dead_letter):
+    short = str(dead_letter.run_id)[:8]
+
+    assert run_json("cleanup_status", short)["run_id"] == str(dead_letter.run_id)
+    assert run_json("cleanup_requeue", short.upper())["requeued"] == 1
+
+
+def test_an_ambiguous_or_too_short_prefix_is_refused(expired_holds):
+    import uuid
+
+    from django.utils import timezone
+    for suffix in ("1", "2"):
+        Run.objects.create(id=uuid.UUID(f"abcd0000-0000-0000-0000-00000000000{suffix}"),
+                           policy="expire-holds", dispatch_key=f"k{suffix}",
+                           cutoff=timezone.now(), scheme="items", trigger="command",
+                           planned_all=True)
+
+    with pytest.raises(CommandError, match="prefix 'abcd' is ambiguous: it matches"):
+        call_command("cleanup_status", "abcd")
+    with pytest.raises(CommandError, match="no run with id abc"):
+        call_command("cleanup_status", "abc")
+    assert run_json("cleanup_status", "abcd0000-0000-0000-0000-000000000002")["run_id"].endswith(
+        "2")
+
+
+def test_runs_lists_recent_runs_with_filters_and_says_when_there_are_none(expired_holds):
+    out = StringIO()
+    call_command("cleanup_runs", stdout=out)
+    assert out.getvalue().strip() == "No runs yet: nothing has been dispatched."
+
+    worked = dispatch("expire-holds", sync=True).run
+    idle = dispatch("expire-holds", sync=True).run  # found nothing
+
+    listed = run_json("cleanup_runs")
+    assert [r["run_id"] for r in listed["runs"]] == [str(idle.pk), str(worked.pk)]
+    assert listed["runs"][1]["chunks"]["total"] == 1
+    assert listed["runs"][1]["rows_deleted"] == 5
+    assert [r["run_id"] for r in run_json("cleanup_runs", "--found-work")["runs"]] == [
+        str(worked.pk)]
+    assert run_json("cleanup_runs", "--state", "running") == {"runs": [], "total": 0}
+    assert run_json("cleanup_runs", "--since", "1h", "--limit", "1")["total"] == 2
+    out = StringIO()
+    call_command("cleanup_runs", "--policy", "nope", stdout=out)
+    assert out.getvalue().strip() == "No runs match."
+    with pytest.raises(CommandError, match="--since 'soon'"):
+        call_command("cleanup_runs", "--since", "soon")
+
+
+def test_under_json_an_error_is_a_json_object_on_stderr(db):
+    from tests.conftest import manage
+
+    process = manage("cleanup_status", "ffffffff", "--json")
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 1
+    assert json.loads(output.strip().splitlines()[-1]) == {"error": "no run with id ffffffff"}

@@ -12,7 +12,8 @@ class Command(CleanupCommand):
 
     def add_arguments(self, parser) -> None:
         super().add_arguments(parser)
-        parser.add_argument("run_id")
+        parser.add_argument("run_id", metavar="RUN_ID",
+                            help="The run: its id or a unique prefix of it, as the admin shows it.")
         parser.add_argument("--noinput", "--no-input", action="store_false",
                             dest="interactive", help="Do not ask for confirmation.")
 

@@ -8,7 +8,8 @@ class Command(CleanupCommand):
 
     def add_arguments(self, parser) -> None:
         super().add_arguments(parser)
-        parser.add_argument("run_id")
+        parser.add_argument("run_id", metavar="RUN_ID",
+                            help="The run: its id or a unique prefix of it, as the admin shows it.")
         parser.add_argument("--chunk", type=int, action="append", dest="chunks",
                             metavar="ID", required=True, help="Chunk id (repeatable).")
         parser.add_argument("--reason", required=True, help="Why; kept on the chunk.")

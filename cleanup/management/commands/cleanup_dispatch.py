@@ -1,8 +1,10 @@
+import logging
 import time
+from contextlib import contextmanager
 
 from cleanup.cutoffs import parse_cutoff
 from cleanup.dispatch import dispatch
-from cleanup.management.base import CleanupCommand
+from cleanup.management.base import CleanupCommand, count
 from cleanup.models import Run
 from cleanup.policies import SCHEMES
 
@@ -12,7 +14,9 @@ class Command(CleanupCommand):
 
     def add_arguments(self, parser) -> None:
         super().add_arguments(parser)
-        parser.add_argument("--policy", required=True)
+        parser.add_argument("--policy", required=True,
+                            help="The registered policy to run (cleanup_status lists runs; "
+                            "the admin's overview lists policies).")
         parser.add_argument("--scheme", choices=SCHEMES, help="Default: the policy's own.")
         parser.add_argument("--cutoff", help="ISO-8601 with offset, not in the future. "
                             "Default: now.")
@@ -25,15 +29,21 @@ class Command(CleanupCommand):
 
     def run(self, *, policy, scheme, cutoff, key, sync, dry_run, **options) -> dict:
         started = time.monotonic()
-        result = dispatch(
-            policy,
-            scheme=scheme,
-            cutoff=None if cutoff is None else parse_cutoff(cutoff),
-            key=key,
-            trigger=Run.Trigger.COMMAND,
-            sync=sync,
-            dry_run=dry_run,
-        )
+        # --sync: one progress line on stderr instead of a log line per chunk.
+        show = sync and not options["json"] and self.stderr.isatty()
+        with quiet_chunk_logs(sync):
+            result = dispatch(
+                policy,
+                scheme=scheme,
+                cutoff=None if cutoff is None else parse_cutoff(cutoff),
+                key=key,
+                trigger=Run.Trigger.COMMAND,
+                sync=sync,
+                dry_run=dry_run,
+                progress=self._progress if show else None,
+            )
+        if show:
+            self.stderr.write("", style_func=str)
         return {
             "run_id": str(result.run.id) if result.run else None,
             "created": result.created,
@@ -47,6 +57,11 @@ class Command(CleanupCommand):
             "state": result.run.state if result.run else None,
             "seconds": round(time.monotonic() - started, 3),
         }
+
+    def _progress(self, chunks: int, rows: int) -> None:
+        self.stderr.write(f"\rApplied {count(chunks, 'chunk')}, {count(rows, 'row')} deleted",
+                          ending="", style_func=str)
+        self.stderr.flush()
 
     def describe(self, result: dict, verbosity: int) -> str:
         if result["dry_run"]:
@@ -63,3 +78,19 @@ class Command(CleanupCommand):
                        "the rest is planned as they finish")
         return (f"{verb} run {result['run_id']} of {result['policy']}: {planned}; state "
                 f"{result['state']}; took {result['seconds']:.1f} s.")
+
+
+@contextmanager
+def quiet_chunk_logs(quiet: bool):
+    """Chunk-by-chunk INFO lines off while a --sync run applies its chunks here."""
+    loggers = [logging.getLogger(name) for name in
+               ("cleanup.worker", "cleanup.ledger", "cleanup.window", "django-q")]
+    levels = [logger.level for logger in loggers]
+    if quiet:
+        for logger in loggers:
+            logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)

@@ -1,4 +1,4 @@
-from cleanup.management.base import CleanupCommand
+from cleanup.management.base import CleanupCommand, count
 from cleanup.reconcile import reconcile
 
 
@@ -13,8 +13,8 @@ class Command(CleanupCommand):
                 "planned": result.planned}
 
     def describe(self, result: dict, verbosity: int) -> str:
-        text = (f"Re-sent {result['resent']} chunks ({result['never_sent']} had never been "
-                "sent).")
+        text = (f"Re-sent {count(result['resent'], 'chunk')} ({result['never_sent']} had never "
+                "been sent).")
         if result["planned"]:
-            text += f" Planned {result['planned']} chunks for runs waiting for them."
+            text += f" Planned {count(result['planned'], 'chunk')} for runs waiting for them."
         return text

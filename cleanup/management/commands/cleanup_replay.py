@@ -1,6 +1,6 @@
 from cleanup.cutoffs import parse_cutoff
 from cleanup.exceptions import CleanupError
-from cleanup.management.base import CleanupCommand
+from cleanup.management.base import CleanupCommand, count
 from cleanup.models import Run
 from cleanup.replay import replay
 
@@ -13,7 +13,8 @@ class Command(CleanupCommand):
 
     def add_arguments(self, parser) -> None:
         super().add_arguments(parser)
-        parser.add_argument("run_id")
+        parser.add_argument("run_id", metavar="RUN_ID",
+                            help="The run: its id or a unique prefix of it, as the admin shows it.")
         parser.add_argument("--chunk", type=int, action="append", dest="chunks",
                             metavar="ID", help="Only this chunk (repeatable).")
         parser.add_argument("--new-cutoff", help="ISO-8601 with offset, not in the future "
@@ -40,6 +41,6 @@ class Command(CleanupCommand):
     def describe(self, result: dict, verbosity: int) -> str:
         if result["replay_of"] and result["created"]:
             return (f"Started run {result['run_id']} (replay of {result['replay_of']}) "
-                    f"with cutoff {result['cutoff']}: {result['resent']} chunks sent.")
-        return (f"Re-sent {result['resent']} chunks of run {result['run_id']} with cutoff "
+                    f"with cutoff {result['cutoff']}: {count(result['resent'], 'chunk')} sent.")
+        return (f"Re-sent {count(result['resent'], 'chunk')} of run {result['run_id']} with cutoff "
                 f"{result['cutoff']}; skipped {result['skipped']} discarded or cancelled.")

@@ -1,6 +1,6 @@
 from cleanup import operations
 from cleanup.exceptions import CleanupError
-from cleanup.management.base import CleanupCommand
+from cleanup.management.base import CleanupCommand, count
 from cleanup.models import Chunk
 from cleanup.status import get_run
 
@@ -11,7 +11,9 @@ class Command(CleanupCommand):
 
     def add_arguments(self, parser) -> None:
         super().add_arguments(parser)
-        parser.add_argument("run_id", nargs="?")
+        parser.add_argument("run_id", nargs="?", metavar="RUN_ID",
+                            help="The run: its id or a unique prefix of it, as the admin "
+                            "shows it.")
         parser.add_argument("--chunk", type=int, action="append", dest="chunks",
                             metavar="ID", help="Only this chunk of the run (repeatable).")
         parser.add_argument("--class", dest="failure_class",
@@ -41,5 +43,5 @@ class Command(CleanupCommand):
         scope = f"of run {result['run_id']}" if result["run_id"] else "in all runs"
         if result["failure_class"]:
             scope += f" (class {result['failure_class']})"
-        return (f"Requeued {result['requeued']} chunks {scope}; skipped "
+        return (f"Requeued {count(result['requeued'], 'chunk')} {scope}; skipped "
                 f"{result['skipped']} that were not dead-lettered.")

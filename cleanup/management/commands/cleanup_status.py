@@ -1,4 +1,4 @@
-from cleanup.management.base import CleanupCommand
+from cleanup.management.base import CleanupCommand, count
 from cleanup.status import get_run, latest_run, run_summary
 
 
@@ -7,18 +7,23 @@ class Command(CleanupCommand):
 
     def add_arguments(self, parser) -> None:
         super().add_arguments(parser)
-        parser.add_argument("--run", help="Run id; default: the latest run.")
+        parser.add_argument("run_id", nargs="?", metavar="RUN_ID",
+                            help="The run: its id or a unique prefix of it, as the admin "
+                            "shows it; default: the latest run.")
+        parser.add_argument("--run", dest="run_option", metavar="RUN_ID",
+                            help="The same as RUN_ID (kept for scripts written before).")
 
-    def run(self, *, run, **options) -> dict:
-        return run_summary(latest_run() if run is None else get_run(run))
+    def run(self, *, run_id, run_option, **options) -> dict:
+        chosen = run_id if run_id is not None else run_option
+        return run_summary(latest_run() if chosen is None else get_run(chosen))
 
     def describe(self, result: dict, verbosity: int) -> str:
         chunks = ", ".join(f"{state} {n}" for state, n in result["chunks"].items()
-                           if n or verbosity > 1)
+                           if state != "total" and (n or verbosity > 1))
         lines = [
             f"Run {result['run_id']} ({result['policy']}, {result['scheme']}): {result['state']}",
-            f"  cutoff {result['cutoff']}, {result['candidates']} candidates, "
-            f"{result['chunks_planned']} chunks" + _planning(result),
+            f"  cutoff {result['cutoff']}, {count(result['candidates'], 'candidate')}, "
+            f"{count(result['chunks_planned'], 'chunk')}" + _planning(result),
             f"  chunks: {chunks or 'none'}",
             f"  {result['rows_deleted']} rows deleted, {result['items_skipped']} skipped "
             f"(no longer eligible), {result['noops']} no-op deliveries of "

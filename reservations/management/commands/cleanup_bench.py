@@ -26,11 +26,14 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, default=1800,
                             help="Seconds to wait for any one contender.")
         parser.add_argument("--check-baseline", action="store_true",
-                            help="Fail if the range ratio is below half of the recorded one.")
+                            help="Fail if the first range run's ratio is below half of the "
+                            "recorded one.")
         parser.add_argument("--record-baseline", action="store_true",
-                            help="Record this run's range ratio as the preset's baseline.")
+                            help="Record this run's first range run ratio as the preset's "
+                            "baseline.")
         parser.add_argument("--noinput", "--no-input", action="store_false",
-                            dest="interactive")
+                            dest="interactive",
+                            help="Do not ask before deleting the reservation data.")
         parser.add_argument("--json", action="store_true",
                             help="Print the report as one JSON line instead of the table.")
 

@@ -17,10 +17,12 @@ class Command(BaseCommand):
         parser.add_argument("--duration", type=float, default=60, help="Seconds of faults.")
         parser.add_argument("--min-faults", type=int, default=2,
                             help="Minimum hits of each fault kind for the soak to pass.")
-        parser.add_argument("--seed", type=int, default=1)
+        parser.add_argument("--seed", type=int, default=1,
+                            help="Random seed of the traffic and the faults (default 1).")
         parser.add_argument("--noinput", "--no-input", action="store_false",
-                            dest="interactive")
-        parser.add_argument("--json", action="store_true")
+                            dest="interactive",
+                            help="Do not ask before deleting the reservation data.")
+        parser.add_argument("--json", action="store_true", help="Print one JSON object.")
 
     def handle(self, *args, duration, min_faults, seed, interactive, **options):
         if duration < 10:

@@ -13,14 +13,18 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--expired", type=int, default=3000)
-        parser.add_argument("--active", type=int, default=500)
+        parser.add_argument("--expired", type=int, default=3000,
+                            help="Expired holds to seed (default 3000).")
+        parser.add_argument("--active", type=int, default=500,
+                            help="Unexpired holds to seed, which must survive (default 500).")
         parser.add_argument("--racers", type=int, default=10,
                             help="Candidates renewed, and as many confirmed, mid-run.")
-        parser.add_argument("--timeout", type=float, default=180)
+        parser.add_argument("--timeout", type=float, default=180,
+                            help="Seconds to wait for the runs to finish (default 180).")
         parser.add_argument("--noinput", "--no-input", action="store_false",
-                            dest="interactive")
-        parser.add_argument("--json", action="store_true")
+                            dest="interactive",
+                            help="Do not ask before deleting the reservation data.")
+        parser.add_argument("--json", action="store_true", help="Print one JSON object.")
 
     def handle(self, *args, expired, active, racers, timeout, interactive, **options):
         if expired < 2 * racers or racers < 1:

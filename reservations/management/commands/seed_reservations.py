@@ -9,12 +9,14 @@ class Command(BaseCommand):
     help = "Create demo tenants, sections and seat holds (and reminder attempts) in bulk."
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--tenants", type=int, required=True)
+        parser.add_argument("--tenants", type=int, required=True,
+                            help="New tenants (institutions), each with four sections.")
         parser.add_argument("--expired", type=int, required=True,
                             help="Held holds that expired within the past day.")
         parser.add_argument("--active", type=int, required=True,
                             help="Held holds expiring in the future.")
-        parser.add_argument("--confirmed", type=int, default=0)
+        parser.add_argument("--confirmed", type=int, default=0,
+                            help="Confirmed holds, which cleanup never touches.")
         parser.add_argument("--reminders", type=int, default=0,
                             help="Reminder attempts, half of them past retention.")
         parser.add_argument("--seed", type=int, default=0, help="Random seed.")
