@@ -426,7 +426,7 @@ class ChunkAdmin(LedgerAdmin):
         ("Outcome", {"fields": ("rows_deleted", "items_skipped", "deliveries",
                                 "deliveries_completed", "noop_deliveries", "failures",
                                 "transient_retries", "dead_letters")}),
-        ("Message", {"fields": ("message_as_sent",)}),
+        ("Message", {"fields": ("message_as_sent", "message_received")}),
         ("Timestamps", {"fields": ("planned_at", "enqueued_at", "last_delivery_at",
                                    "committed_at", "acknowledged_at", "dead_lettered_at",
                                    "discarded_at")}),
@@ -434,11 +434,17 @@ class ChunkAdmin(LedgerAdmin):
     readonly_fields = [f for _, spec in fieldsets for f in spec["fields"]]
 
     def get_fieldsets(self, request, obj=None):
-        """What went wrong first on a chunk that failed; otherwise no failure section."""
+        """What went wrong first on a chunk that failed; otherwise no failure section. The
+        message a refused delivery carried shows beside the one sent, where it differed."""
+        fieldsets = self.fieldsets
+        if obj is None or not obj.received_message:
+            fieldsets = [(name, {"fields": tuple(f for f in spec["fields"]
+                                                 if f != "message_received")})
+                         for name, spec in fieldsets]
         if obj is not None and (obj.failure_class or obj.last_error):
-            failure = [spec for spec in self.fieldsets if spec[0] == "Failure"]
-            return failure + [spec for spec in self.fieldsets if spec[0] != "Failure"]
-        return [spec for spec in self.fieldsets if spec[0] != "Failure"]
+            failure = [spec for spec in fieldsets if spec[0] == "Failure"]
+            return failure + [spec for spec in fieldsets if spec[0] != "Failure"]
+        return [spec for spec in fieldsets if spec[0] != "Failure"]
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         extra_context = {**(extra_context or {}),
@@ -514,6 +520,16 @@ class ChunkAdmin(LedgerAdmin):
                            'message)</summary><pre>{}</pre></details>',
                            chunk.message.get("version"), what,
                            json.dumps(chunk.message, indent=1))
+
+    @admin.display(description="message received")
+    def message_received(self, chunk):
+        """What the refused delivery carried, where it differed from the message sent."""
+        try:
+            text = json.dumps(json.loads(chunk.received_message), indent=1)
+        except ValueError:
+            text = chunk.received_message
+        return format_html('<details class="message" open><summary>Differs from the message '
+                           'as sent</summary><pre>{}</pre></details>', text)
 
     @admin.display(description="last error")
     def last_error_text(self, chunk):

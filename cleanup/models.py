@@ -173,6 +173,10 @@ class Chunk(models.Model):
         default=0, help_text="Planned rows no longer eligible when the chunk ran."
     )
     last_error = models.TextField(blank=True)
+    received_message = models.TextField(
+        blank=True, help_text="The message a refused delivery carried, where it differed "
+        "from the message as sent."
+    )
     failure_class = models.CharField(max_length=16, choices=FailureClass.choices, blank=True)
     discard_reason = models.TextField(blank=True)
     planned_at = models.DateTimeField(default=timezone.now)

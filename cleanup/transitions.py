@@ -84,8 +84,10 @@ def retry(chunk: Chunk, *, error: str, retries: int) -> bool:
     ))
 
 
-def dead_letter(chunk: Chunk, reason: str, failure_class: str) -> bool:
-    """unfinished → dead_lettered with the class of its failure; False if it had finished
+def dead_letter(chunk: Chunk, reason: str, failure_class: str, *,
+                received: str = "") -> bool:
+    """unfinished → dead_lettered with the class of its failure (and the message the
+    delivery carried, where it differs from the one sent); False if it had finished
     (a committed chunk is never dead-lettered)."""
     with transaction.atomic():
         updated = Chunk.objects.filter(pk=chunk.pk, state__in=UNFINISHED).update(
@@ -94,6 +96,7 @@ def dead_letter(chunk: Chunk, reason: str, failure_class: str) -> bool:
             last_error=reason,
             failure_class=failure_class,
             dead_letters=F("dead_letters") + 1,
+            **({"received_message": received} if received else {}),
         )
         if updated:
             _advance_and_settle(chunk.run_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -200,9 +201,20 @@ def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
 def _refuse(raw, chunk: Chunk, reason: str, failure_class: str) -> None:
     """Dead-letter a chunk for a message it cannot act on; if the chunk had already
     finished, keep the message where malformed ones are kept, so it leaves a trace."""
-    if not transitions.dead_letter(chunk, reason, failure_class):
+    received = _if_other(raw, chunk)
+    if not transitions.dead_letter(chunk, reason, failure_class, received=received):
         ledger.record_orphan(raw, f"{reason} (chunk already {chunk.state})",
                              run_id=str(chunk.run_id), chunk_id=chunk.seq)
+
+
+def _if_other(raw, chunk: Chunk) -> str:
+    """The received message as text, if it is not the one the ledger sent."""
+    if messages.as_dict(raw) == chunk.message:
+        return ""
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", "replace")
+    text = raw if isinstance(raw, str) else json.dumps(raw, indent=1, default=str)
+    return text.replace("\x00", "\\u0000")  # PostgreSQL text holds no NUL
 
 
 def _same_work(raw, received: ChunkMessage, ledger_copy: dict) -> bool:

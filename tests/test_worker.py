@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -273,6 +274,16 @@ def test_unknown_version_is_dead_lettered_with_its_run_identified(expired_holds)
     assert "unknown message version 99" in chunk.last_error
     assert chunk.run.state == Run.State.COMPLETED_WITH_DEAD_LETTERS
     assert SeatHold.objects.count() == 5
+
+
+def test_a_refused_delivery_keeps_the_message_it_carried_when_it_differs(expired_holds):
+    chunk = only_chunk(dispatch("expire-holds").run)
+
+    apply_chunk({**chunk.message, "version": 99})
+
+    chunk.refresh_from_db()
+    assert json.loads(chunk.received_message)["version"] == 99
+    assert chunk.message["version"] == 3  # the ledger's copy is untouched
 
 
 def test_malformed_message_is_dead_lettered_with_its_run_identified(expired_holds):

@@ -70,5 +70,10 @@ class Migration(migrations.Migration):
             name='planning_error',
             field=models.TextField(blank=True, help_text='Why planning the next chunk last failed (retried by the reconciler); empty when it works.'),
         ),
+        migrations.AddField(
+            model_name='chunk',
+            name='received_message',
+            field=models.TextField(blank=True, help_text='The message a refused delivery carried, where it differed from the message as sent.'),
+        ),
         migrations.RunPython(existing_runs_planned_all, migrations.RunPython.noop),
     ]

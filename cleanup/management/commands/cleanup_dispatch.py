@@ -7,6 +7,7 @@ from cleanup.dispatch import dispatch
 from cleanup.management.base import CleanupCommand, count
 from cleanup.models import Run
 from cleanup.policies import SCHEMES
+from cleanup.status import run_summary
 
 
 class Command(CleanupCommand):
@@ -52,7 +53,9 @@ class Command(CleanupCommand):
             "scheme": result.scheme,
             "cutoff": result.cutoff.isoformat(timespec="microseconds"),
             "candidates": result.candidates,
-            "chunks": result.chunks,
+            # By state with a total, as in every command; a dry run has only the total.
+            "chunks": (run_summary(result.run)["chunks"] if result.run
+                       else {"total": result.chunks}),
             "planned_all": result.planned_all,
             "state": result.run.state if result.run else None,
             "seconds": round(time.monotonic() - started, 3),
@@ -65,15 +68,16 @@ class Command(CleanupCommand):
 
     def describe(self, result: dict, verbosity: int) -> str:
         if result["dry_run"]:
-            return (f"Dry run: {result['policy']} would plan {result['chunks']} chunks "
+            return (f"Dry run: {result['policy']} would plan "
+                    f"{count(result['chunks']['total'], 'chunk')} "
                     f"({result['scheme']}) for {result['candidates']} rows eligible at "
                     f"{result['cutoff']}.")
         verb = "Dispatched" if result["created"] else "Already dispatched:"
         if result["planned_all"]:
-            planned = (f"{result['chunks']} chunks ({result['scheme']}) for "
+            planned = (f"{count(result['chunks']['total'], 'chunk')} ({result['scheme']}) for "
                        f"{result['candidates']} rows eligible at {result['cutoff']}")
         else:
-            planned = (f"first {result['chunks']} chunks ({result['scheme']}, "
+            planned = (f"first {count(result['chunks']['total'], 'chunk')} ({result['scheme']}, "
                        f"{result['candidates']} rows eligible at {result['cutoff']}) sent; "
                        "the rest is planned as they finish")
         return (f"{verb} run {result['run_id']} of {result['policy']}: {planned}; state "
