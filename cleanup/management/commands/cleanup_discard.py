@@ -1,5 +1,5 @@
 from cleanup import operations
-from cleanup.management.base import CleanupCommand
+from cleanup.management.base import CleanupCommand, count
 from cleanup.status import get_run
 
 
@@ -20,10 +20,10 @@ class Command(CleanupCommand):
         run = get_run(run_id)
         pks = operations.chunk_pks(run, chunks)
         reason = operations.required_reason(reason)
-        self.confirm(f"Discard {len(pks)} chunks of run {run.id}?", options)
+        self.confirm(f"Discard {count(len(pks), 'chunk')} of run {run.id}?", options)
         result = operations.discard(pks, reason, actor="command")
         return {"run_id": str(run.id), "discarded": result.done, "skipped": result.skipped}
 
     def describe(self, result: dict, verbosity: int) -> str:
-        return (f"Discarded {result['discarded']} chunks of run {result['run_id']}; "
+        return (f"Discarded {count(result['discarded'], 'chunk')} of run {result['run_id']}; "
                 f"skipped {result['skipped']} that were not dead-lettered.")
