@@ -142,6 +142,10 @@ STATIC_URL = "static/"
 # `collectstatic` fills it (`make serve` runs it); WhiteNoise serves it. In production
 # the file names carry a hash of their content, so browsers may cache them for good.
 STATIC_ROOT = Path(os.environ.get("DJANGO_STATIC_ROOT", "") or BASE_DIR / ".data" / "static")
+if not PRODUCTION:
+    # Until `collectstatic` has run (tests, the demo) WhiteNoise finds an empty folder
+    # rather than warning on every request that there is none; production must collect.
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
