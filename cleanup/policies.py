@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -120,6 +121,20 @@ def register(policy: Policy) -> Policy:
     """Register a policy under its name; registering the same name again replaces it."""
     _registry[policy.name] = policy
     return policy
+
+
+@contextmanager
+def registered(*policies: Policy):
+    """Register policies for a block (a test's, say), then put the registry back as it
+    was: names they replaced come back, new ones go."""
+    saved = dict(_registry)
+    try:
+        for policy in policies:
+            register(policy)
+        yield policies[0] if len(policies) == 1 else policies
+    finally:
+        _registry.clear()
+        _registry.update(saved)
 
 
 def get_policy(name: str) -> Policy:

@@ -83,16 +83,12 @@ def q_sync(monkeypatch):
 
 @pytest.fixture
 def chunk_size():
-    """Shrink a policy's chunks for one test: ``chunk_size("expire-holds", 2)``."""
+    """Shrink a policy's chunks for one test: ``chunk_size("expire-holds", 2)``; any
+    policy the test registers meanwhile is gone after it too."""
     from dataclasses import replace
 
     from cleanup import policies
 
-    saved = dict(policies._registry)
-
-    def shrink(name: str, size: int):
-        return policies.register(replace(policies.get_policy(name), chunk_size=size))
-
-    yield shrink
-    policies._registry.clear()
-    policies._registry.update(saved)
+    with policies.registered():
+        yield lambda name, size: policies.register(
+            replace(policies.get_policy(name), chunk_size=size))

@@ -147,19 +147,78 @@ def test_production_profile_refuses_to_start_without_a_secret_key():
 
 
 def test_no_sql_is_assembled_from_input():
-    """Raw SQL is fixed text with bound parameters: no %-formatting, and f-strings
-    interpolate nothing but table names from model metadata."""
+    """Raw SQL (execute and executemany) is fixed text with bound parameters: no
+    %-formatting, and f-strings interpolate nothing but table names from model metadata
+    or module constants that are themselves fixed text. SQL passed by name is followed
+    to what the module binds to that name."""
     import ast
 
     executes = 0
     for path in [*(ROOT / "cleanup").rglob("*.py"), *(ROOT / "reservations").rglob("*.py")]:
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "execute"):
+        tree = ast.parse(path.read_text())
+        assigned: dict[str, list] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        assigned.setdefault(target.id, []).append(node.value)
+        # A parameter is followed to the arguments every call in the module passes it.
+        for function in ast.walk(tree):
+            if not isinstance(function, ast.FunctionDef):
+                continue
+            names = [arg.arg for arg in function.args.args]
+            for call in ast.walk(tree):
+                if isinstance(call, ast.Call) and getattr(call.func, "id", "") == function.name:
+                    for name, value in zip(names, call.args, strict=False):
+                        assigned.setdefault(name, []).append(value)
+                    for keyword in call.keywords:
+                        assigned.setdefault(keyword.arg, []).append(keyword.value)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call)
+                    and getattr(node.func, "attr", "") in ("execute", "executemany")
+                    and node.args):
                 continue
             executes += 1
-            sql = node.args[0]
-            assert not (isinstance(sql, ast.BinOp) and isinstance(sql.op, ast.Mod)), path
-            for part in getattr(sql, "values", []):
-                if isinstance(part, ast.FormattedValue):
-                    assert ast.unparse(part.value).endswith("_meta.db_table"), path
-    assert executes >= 4
+            assert _fixed_sql(node.args[0], assigned), f"{path}:{node.lineno}"
+    assert executes >= 6
+
+
+def _fixed_sql(node, assigned, depth=0) -> bool:
+    import ast
+
+    if depth > 5:
+        return False
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    if isinstance(node, ast.JoinedStr):
+        return all(isinstance(part, ast.Constant) or _fixed_name(part.value, assigned, depth)
+                   for part in node.values)
+    if isinstance(node, ast.BinOp):
+        return isinstance(node.op, ast.Add) and all(
+            _fixed_sql(side, assigned, depth + 1) for side in (node.left, node.right))
+    if isinstance(node, ast.Name):
+        return node.id in assigned and all(
+            _fixed_sql(value, assigned, depth + 1) for value in assigned[node.id])
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "replace":
+        return _fixed_sql(node.func.value, assigned, depth + 1) and all(
+            _fixed_sql(arg, assigned, depth + 1) for arg in node.args)
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "format":
+        return (not node.args and _fixed_sql(node.func.value, assigned, depth + 1)
+                and all(_fixed_name(k.value, assigned, depth) for k in node.keywords))
+    if isinstance(node, ast.IfExp):
+        return all(_fixed_sql(side, assigned, depth + 1) for side in (node.body, node.orelse))
+    return False
+
+
+def _fixed_name(node, assigned, depth) -> bool:
+    """What an f-string may interpolate: a table name from model metadata, or fixed text."""
+    import ast
+
+    if ast.unparse(node).endswith("_meta.db_table"):
+        return True
+    if isinstance(node, ast.IfExp):
+        return all(_fixed_name(side, assigned, depth + 1) for side in (node.body, node.orelse))
+    if isinstance(node, ast.Name) and depth < 5:
+        return node.id in assigned and all(
+            _fixed_name(value, assigned, depth + 1) for value in assigned[node.id])
+    return _fixed_sql(node, assigned, depth + 1)

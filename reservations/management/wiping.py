@@ -13,8 +13,12 @@ def confirm_wipe(command: str, interactive: bool) -> None:
     aborts with nothing changed."""
     if not interactive:
         return
-    answer = input(f"{command} deletes all reservation data first. Type 'yes' to go on: ")
-    if answer != "yes":
+    try:
+        answer = input(f"{command} deletes all reservation data first. Type 'yes' to go on: ")
+    except EOFError:  # no terminal to ask on
+        raise CommandError(f"{command} needs a terminal to confirm, or --noinput; nothing "
+                           "changed.") from None
+    if answer.strip() != "yes":
         raise CommandError("Cancelled; nothing changed.")
 
 

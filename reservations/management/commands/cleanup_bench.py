@@ -1,3 +1,4 @@
+import importlib.util
 import json
 from pathlib import Path
 
@@ -40,6 +41,10 @@ class Command(BaseCommand):
     def handle(self, *args, preset, output_dir, timeout, interactive, **options):
         if timeout <= 0:
             raise CommandError("--timeout must be positive")
+        if importlib.util.find_spec("matplotlib") is None:
+            # Checked first: the chart is drawn at the end of a run of minutes.
+            raise CommandError("cleanup_bench draws its chart with matplotlib: install the "
+                               "test extra (pip install -e '.[site,test]'); nothing changed.")
         confirm_wipe("The benchmark", interactive)
         say = (lambda line: None) if options["json"] else self.stdout.write
         exit_on_sigterm("cleanup_bench")
