@@ -5,7 +5,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint test demo serve
+.PHONY: install lint test demo serve bench soak
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -33,3 +33,15 @@ serve: $(STAMP)
 	$(PYTHON) manage.py migrate --verbosity 0
 	$(PYTHON) manage.py collectstatic --noinput --verbosity 0
 	$(VENV)/bin/gunicorn config.wsgi --bind $(SERVE_ADDRESS) --workers 2 --access-logfile -
+
+# Development tools (config.devtools, installed only by config.dev_settings): the
+# benchmark of the README's Performance section and the fault-injection soak. Give
+# them a database of their own: both delete all reservation data first.
+DEV := DJANGO_SETTINGS_MODULE=config.dev_settings
+bench: $(STAMP)
+	$(DEV) $(PYTHON) manage.py migrate --verbosity 0
+	$(DEV) $(PYTHON) manage.py cleanup_bench --preset $(or $(PRESET),large)
+
+soak: $(STAMP)
+	$(DEV) $(PYTHON) manage.py migrate --verbosity 0
+	$(DEV) $(PYTHON) manage.py cleanup_soak --duration $(or $(DURATION),600) --min-faults 10

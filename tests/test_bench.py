@@ -14,8 +14,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django_q.models import Schedule
 
-from reservations.bench.data import PRESETS
-from reservations.bench.report import BASELINE
+from config.devtools.bench.data import PRESETS
+from config.devtools.bench.report import BASELINE
 from reservations.models import SeatHold
 from tests.conftest import ROOT, subprocess_env
 from tests.factories import SeatHoldFactory

@@ -65,3 +65,20 @@ def test_every_setting_is_documented_in_the_readme():
     names += [f"RESERVATIONS_{n}" for n in reservations_conf._defaults]
     missing = [n for n in names if n not in readme]
     assert missing == []
+
+
+@pytest.mark.django_db
+def test_production_lists_no_development_tool_and_the_dev_settings_do():
+    def commands(settings_module: str, **env) -> str:
+        result = subprocess.run(
+            [sys.executable, "manage.py", "help"], cwd=ROOT, capture_output=True, text=True,
+            env=subprocess_env(DJANGO_SETTINGS_MODULE=settings_module, **env), timeout=120)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    production = commands("config.settings", DJANGO_PROFILE="production",
+                          DJANGO_SECRET_KEY="x" * 50, DJANGO_ALLOWED_HOSTS="cleanup.example.edu")
+    assert "cleanup_dispatch" in production
+    assert "cleanup_bench" not in production and "cleanup_soak" not in production
+    development = commands("config.dev_settings")
+    assert "cleanup_bench" in development and "cleanup_soak" in development

@@ -17,9 +17,9 @@ from cleanup.models import Chunk, Run
 from cleanup.replay import replay
 from cleanup.tasks import dispatch_scheduled
 from cleanup.transport import send
+from config.devtools.soak.processes import Cluster
 from reservations.models import SeatHold
 from reservations.policies import EXPIRE_HOLDS, PURGE_REMINDERS
-from reservations.soak.processes import Cluster
 
 SIGKILL_BUSY_WORKER = "sigkill_busy_worker"
 TERMINATE_BACKEND = "terminate_backend_mid_chunk"

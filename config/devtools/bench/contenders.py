@@ -23,10 +23,10 @@ from django_q.tasks import async_task
 from cleanup.expressions import array_literal
 from cleanup.models import Chunk, Run
 from cleanup.policies import ITEMS, RANGE, Policy
-from reservations.bench.probes import percentile
+from config.devtools import MANAGE
+from config.devtools.bench.probes import percentile
 from reservations.models import SeatHold
 
-MANAGE = Path(__file__).resolve().parents[2] / "manage.py"
 SETTLED = (Chunk.State.ACKNOWLEDGED, Chunk.State.DEAD_LETTERED)
 
 
@@ -165,7 +165,7 @@ def one_task_per_row(sample: int):
         started = time.perf_counter()
         with transaction.atomic():
             for pk, observed in rows:
-                async_task("reservations.bench.tasks.expire_one", pk, observed.isoformat(),
+                async_task("config.devtools.bench.tasks.expire_one", pk, observed.isoformat(),
                            cutoff.isoformat(), group="bench-one-task-per-row")
         # Holds a learner renewed meanwhile are no longer eligible, and stay.
         left = policy.eligible_rows(policy.freeze(cutoff)).filter(pk__in=ids)
@@ -182,7 +182,7 @@ def one_task_per_row(sample: int):
 def cluster_ready(timeout: float) -> None:
     """Return once the cluster has run a task."""
     # Saved even though successes are not (save_limit -1), so its arrival shows.
-    task_id = async_task("reservations.bench.tasks.ready", q_options={"save": True})
+    task_id = async_task("config.devtools.bench.tasks.ready", q_options={"save": True})
     _wait(lambda: Task.objects.filter(id=task_id).exists(), timeout, "the qcluster to start")
 
 

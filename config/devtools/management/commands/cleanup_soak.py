@@ -2,8 +2,8 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from config.devtools.soak.runner import run_soak
 from reservations.management.wiping import confirm_wipe, exit_on_sigterm
-from reservations.soak.runner import run_soak
 
 
 class Command(BaseCommand):

@@ -23,16 +23,16 @@ from cleanup.policies import get_policy, register
 from cleanup.reconcile import reconcile
 from cleanup.replay import replay
 from cleanup.transport import queue_shares_transaction
+from config.devtools.soak import faults
+from config.devtools.soak.poison import POISON_CHANNEL, POISON_POLICY, register_poison_policy
+from config.devtools.soak.processes import Cluster
+from config.devtools.soak.traffic import Learners, TrafficLog
 from reservations import seeding
 from reservations.models import ReminderAttempt, SeatHold, Section, Tenant
 from reservations.policies import EXPIRE_HOLDS, PURGE_REMINDERS
-from reservations.soak import faults
-from reservations.soak.poison import POISON_CHANNEL, POISON_POLICY, register_poison_policy
-from reservations.soak.processes import Cluster
-from reservations.soak.traffic import Learners, TrafficLog
 
-SOAK_SETTINGS = "reservations.soak.settings"
-# What the soak's clusters run with (reservations/soak/settings.py).
+SOAK_SETTINGS = "config.devtools.soak.settings"
+# What the soak's clusters run with (config/devtools/soak/settings.py).
 RETRY, TIMEOUT, MAX_UNFINISHED = 6, 4, 3
 
 

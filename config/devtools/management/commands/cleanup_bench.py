@@ -4,9 +4,9 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from reservations.bench import report as reporting
-from reservations.bench.data import PRESETS
-from reservations.bench.runner import BenchRefused, run_bench
+from config.devtools.bench import report as reporting
+from config.devtools.bench.data import PRESETS
+from config.devtools.bench.runner import BenchRefused, run_bench
 from reservations.management.wiping import confirm_wipe, exit_on_sigterm
 
 

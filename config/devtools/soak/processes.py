@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cleanup.transport import CHUNK_TASK
-
-MANAGE = Path(__file__).resolve().parents[2] / "manage.py"
+from config.devtools import MANAGE
 
 
 @dataclass

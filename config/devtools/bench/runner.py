@@ -18,12 +18,12 @@ from cleanup import window
 from cleanup.conf import conf
 from cleanup.models import Chunk, Run
 from cleanup.policies import get_policy
-from reservations.bench import data
-from reservations.bench.contenders import Result, cluster_ready, contenders
-from reservations.bench.probes import CLEANED, UNTOUCHED, RenewalProbe, sample_ids, summary
+from config.devtools.bench import data
+from config.devtools.bench.contenders import Result, cluster_ready, contenders
+from config.devtools.bench.probes import CLEANED, UNTOUCHED, RenewalProbe, sample_ids, summary
+from config.devtools.soak.processes import Cluster
 from reservations.models import SeatHold
 from reservations.policies import EXPIRE_HOLDS
-from reservations.soak.processes import Cluster
 
 # Holds each renewal probe draws from.
 PROBE_SAMPLE = 5_000

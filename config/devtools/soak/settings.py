@@ -1,8 +1,8 @@
 """Settings of the soak's qcluster processes: short leases, the poison policy."""
 
-from config.settings import *  # noqa: F403
+from config.dev_settings import *  # noqa: F403
 
-INSTALLED_APPS = [*INSTALLED_APPS, "reservations.soak"]  # noqa: F405
+INSTALLED_APPS = [*INSTALLED_APPS, "config.devtools.soak"]  # noqa: F405
 # Short leases so redeliveries and rescues happen within a soak of a minute:
 # timeout 4 s (a chunk takes milliseconds), retry 6 s, lease 10 s.
 Q_CLUSTER = {**Q_CLUSTER, "timeout": 4, "retry": 6, "poll": 0.1, "workers": 2}  # noqa: F405

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class DevtoolsConfig(AppConfig):
+    name = "config.devtools"
+    label = "devtools"
+    verbose_name = "Development tools"
