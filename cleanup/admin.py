@@ -19,7 +19,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import ngettext
 
 from cleanup import health as health_report
-from cleanup import operations, planning, sizing
+from cleanup import operations, planning
 from cleanup.conf import lease
 from cleanup.dispatch import dispatch
 from cleanup.exceptions import CleanupError
@@ -27,7 +27,6 @@ from cleanup.forms import DiscardForm, DispatchForm, NewCutoffForm
 from cleanup.models import Chunk, CleanupOverview, OrphanMessage, Run, Slot
 from cleanup.overview import overview
 from cleanup.policies import get_policy
-from cleanup.preview import preview
 from cleanup.replay import replay
 from cleanup.status import run_summary
 
@@ -366,15 +365,15 @@ class RunAdmin(LedgerAdmin):
         return self._form_page(request, context)
 
     def _preview(self, policy_name, scheme, cutoff, not_before=None) -> dict:
-        from cleanup.cutoffs import frozen_cutoff
-        from cleanup.policies import check_scheme
-
-        policy = get_policy(policy_name)
-        scheme = check_scheme(scheme, policy)
-        cutoff = frozen_cutoff(cutoff, not_before=not_before.cutoff if not_before else None)
-        counted = preview(policy, cutoff, scheme, sizing.chunk_size(policy, scheme))
-        return {"preview": counted, "preview_cutoff": cutoff.isoformat(),
-                "preview_scheme": scheme, "confirm_key": uuid.uuid4()}
+        """What the dispatch would do: its own dry run, per partition."""
+        result = dispatch(policy_name, scheme=scheme, cutoff=cutoff, replay_of=not_before,
+                          dry_run=True)
+        field = get_policy(policy_name).partition_field
+        return {"preview": result.preview, "preview_cutoff": result.cutoff.isoformat(),
+                "preview_scheme": result.scheme, "confirm_key": uuid.uuid4(),
+                # Named for what the policy partitions by (a tenant, a run, a policy).
+                "preview_partition": field.replace("_", " ").capitalize() if field
+                else "Partition"}
 
     def _confirm_key(self, request) -> uuid.UUID:
         try:

@@ -19,7 +19,7 @@ from cleanup.cutoffs import frozen_cutoff
 from cleanup.exceptions import BadKey, KeyReused
 from cleanup.models import Chunk, Run
 from cleanup.policies import Policy, check_scheme, get_policy
-from cleanup.preview import preview
+from cleanup.preview import Preview, preview
 
 log = structlog.get_logger("cleanup.dispatch")
 
@@ -37,6 +37,8 @@ class DispatchResult:
     # False while the run still plans its chunks as it goes: candidates and chunks
     # count only what is planned so far.
     planned_all: bool = True
+    # A dry run's counts per partition, as the admin's preview shows them.
+    preview: Preview | None = None
 
 
 def dispatch(
@@ -73,7 +75,8 @@ def dispatch(
     if dry_run:
         counted = preview(policy, cutoff, scheme, sizing.chunk_size(policy, scheme))
         return DispatchResult(
-            None, False, policy.name, scheme, cutoff, counted.rows, counted.chunks, dry_run=True
+            None, False, policy.name, scheme, cutoff, counted.rows, counted.chunks, dry_run=True,
+            preview=counted,
         )
 
     request = (policy.name, requested_scheme, requested_cutoff)

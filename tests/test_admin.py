@@ -346,3 +346,19 @@ def test_a_run_still_planning_shows_how_far_it_has_got(admin_client, section, se
 
     assert "planning as chunks finish" in page and "through its span" in page
     assert "0/2+" in listing  # two planned so far, more to come
+
+
+def test_the_preview_is_the_dispatch_dry_run_named_for_the_partition(admin_client, db):
+    from reservations.models import Tenant
+    from tests.factories import ReminderAttemptFactory
+
+    tenant = Tenant.objects.create(name="Preview U")
+    ReminderAttemptFactory.create_batch(3, tenant=tenant, stale=True)
+    page = admin_client.post(DISPATCH, {"policy": "purge-reminder-attempts", "_preview": "1"})
+
+    dry = dispatch("purge-reminder-attempts", dry_run=True)
+    assert page.context["preview"] == dry.preview
+    assert page.context["preview"].rows_by_partition == {tenant.pk: 3}
+    assert "<th>Tenant</th>" in page.content.decode()
+    whole = admin_client.post(DISPATCH, {"policy": "expire-holds", "_preview": "1"})
+    assert "<th>Partition</th>" in whole.content.decode()
