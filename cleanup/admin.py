@@ -183,7 +183,6 @@ class RunAdmin(LedgerAdmin):
             done=Count("chunks", filter=Q(chunks__state__in=Chunk.DONE)),
             dead=Count("chunks", filter=Q(chunks__state=Chunk.State.DEAD_LETTERED)),
             deleted=Sum("chunks__rows_deleted", default=0),
-            noop=Sum("chunks__noop_deliveries", default=0),
         )
 
     @admin.display(description="run", ordering="created_at")
@@ -255,10 +254,6 @@ class RunAdmin(LedgerAdmin):
     @admin.display(description="deleted", ordering="deleted")
     def rows_deleted(self, run):
         return run.deleted
-
-    @admin.display(description="no-ops", ordering="noop")
-    def noops(self, run):
-        return run.noop
 
     @admin.display(description="dead", ordering="dead")
     def dead_letters(self, run):

@@ -197,6 +197,10 @@ def test_the_console_as_make_serve_serves_it_fits_a_laptop(browser_page, served)
             page.screenshot(path=str(ARTIFACTS / "chunks-1366.png"), full_page=True)
     page.set_viewport_size({"width": 1366, "height": 900})
 
+    page.goto(f"{served}/admin/cleanup/cleanupoverview/")
+    assert "expire-holds" in page.inner_text("#overview")
+    page.screenshot(path=str(ARTIFACTS / "overview-1366.png"), full_page=True)
+
     page.goto(f"{served}/admin/cleanup/run/{finished.pk}/change/")
     totals = page.inner_text("#run-totals")
     assert "1 of 1 chunk done" in totals and "3" in totals
