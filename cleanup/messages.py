@@ -1,10 +1,12 @@
 """The queue message for one chunk: build it, and parse what a worker receives.
 
-Version 3 is current: it carries the parameters the run's predicate derived from its
-cutoff at dispatch (a retention deadline). Version 2 had no ``parameters`` and version
-1 named the chunk ``batch_id``; workers still read both so messages in flight across a
-deploy are not lost (they take the parameters from their run, as every delivery is
-checked against it).
+Version 4 is current: a range chunk names its partition ``partition`` (a tenant, a
+run, a policy: whatever the policy partitions by), or none for a range over the whole
+table. Version 3 called it ``tenant_id`` whatever it held; it brought the parameters
+the run's predicate derived from its cutoff at dispatch (a retention deadline).
+Version 2 had no ``parameters`` and version 1 named the chunk ``batch_id``. Workers
+still read all of them, so messages in flight across a deploy are not lost (the older
+ones take the parameters from their run, as every delivery is checked against it).
 
 Every timestamp is read as an instant in UTC. An observed value is ISO-8601, or
 PostgreSQL's own text for a value Python cannot hold (``-infinity``, ``infinity``, a
@@ -23,8 +25,8 @@ from typing import Any
 from cleanup.cutoffs import in_utc
 from cleanup.exceptions import BadCutoff, MalformedMessage
 
-CURRENT_VERSION = 3
-SUPPORTED_VERSIONS = (1, 2, 3)
+CURRENT_VERSION = 4
+SUPPORTED_VERSIONS = (1, 2, 3, 4)
 # What ObservedText writes for values outside Python's years: PostgreSQL's output in UTC.
 POSTGRES_ONLY_TIMESTAMP = re.compile(
     r"-?infinity|\d{4,6}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d{1,6})?\+00( BC)?"
@@ -84,10 +86,10 @@ def items_message(run, chunk_id: int, items) -> dict:
 def range_message(run, chunk_id: int, partition, start_id: int, end_id: int, *,
                   partitioned: bool = True) -> dict:
     """Return the JSON-safe message of a range chunk: half-open [start_id, end_id), in
-    one partition (``tenant_id``) or, without one, over the whole table."""
+    one partition (``partition``) or, without one, over the whole table."""
     return {
         **header(run, chunk_id),
-        **({"tenant_id": _json_key(partition)} if partitioned else {}),
+        **({"partition": _json_key(partition)} if partitioned else {}),
         "start_id": start_id,
         "end_id": end_id,
     }
@@ -155,14 +157,15 @@ def parse(raw: Any) -> ChunkMessage:
                 raise bad("each item must be a [pk, observed value] pair")
             pairs.append((item[0], _observed(item[1], bad)))
         return ChunkMessage(**fields, items=pairs)
-    whole_table = version >= 3 and "tenant_id" not in data
-    if {"start_id", "end_id"} <= data.keys() and ("tenant_id" in data or whole_table):
+    partition_key = "partition" if version >= 4 else "tenant_id"
+    whole_table = version >= 3 and partition_key not in data
+    if {"start_id", "end_id"} <= data.keys() and (partition_key in data or whole_table):
         start_id, end_id = data["start_id"], data["end_id"]
         if not all(type(v) is int for v in (start_id, end_id)):
             raise bad("start_id and end_id must be integers")
         if start_id >= end_id:
             raise bad(f"empty range [{start_id}, {end_id})")
-        return ChunkMessage(**fields, partition=data.get("tenant_id"), whole_table=whole_table,
+        return ChunkMessage(**fields, partition=data.get(partition_key), whole_table=whole_table,
                             start_id=start_id, end_id=end_id)
     raise bad("message has neither items nor a start_id/end_id range")
 

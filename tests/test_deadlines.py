@@ -78,10 +78,16 @@ def test_a_message_whose_parameters_differ_from_its_run_is_dead_lettered(attempt
     assert ReminderAttempt.objects.count() == 6
 
 
+def as_version_2(message: dict) -> dict:
+    """A range message as version 2 wrote it: no parameters, the partition as tenant_id."""
+    old = {k: v for k, v in message.items() if k not in ("parameters", "partition")}
+    return old | {"version": 2, "tenant_id": message["partition"]}
+
+
 def test_a_version_2_message_uses_the_parameters_its_run_froze(settings, attempts):
     settings.RESERVATIONS_REMINDER_RETENTION_DAYS = 30
     chunk = dispatch(PURGE_REMINDERS).run.chunks.get()
-    old_format = {k: v for k, v in chunk.message.items() if k != "parameters"} | {"version": 2}
+    old_format = as_version_2(chunk.message)
     settings.RESERVATIONS_REMINDER_RETENTION_DAYS = 10
 
     assert apply_chunk(old_format) == Outcome.DELETED
@@ -110,7 +116,7 @@ def test_the_run_page_shows_the_frozen_parameters(admin_client, attempts):
 def test_a_run_that_froze_no_parameters_is_dead_lettered_not_recomputed(settings, attempts):
     chunk = dispatch(PURGE_REMINDERS).run.chunks.get()
     Run.objects.filter(pk=chunk.run_id).update(parameters={})  # planned before 0003
-    old_format = {k: v for k, v in chunk.message.items() if k != "parameters"} | {"version": 2}
+    old_format = as_version_2(chunk.message)
 
     assert apply_chunk(old_format) == Outcome.DEAD_LETTERED
     chunk.refresh_from_db()

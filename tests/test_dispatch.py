@@ -115,7 +115,7 @@ def test_items_chunks_carry_pk_and_observed_expiry(expired_holds, section):
     (chunk,) = chunks_of(result.run)
     expected = [[h.pk, h.expires_at.isoformat()] for h in expired_holds]
     assert chunk.message["items"] == expected
-    assert (chunk.message["version"], chunk.message["parameters"]) == (3, {})
+    assert (chunk.message["version"], chunk.message["parameters"]) == (4, {})
     assert result.candidates == 5
 
 
@@ -135,7 +135,7 @@ def test_dry_run_counts_and_writes_nothing(expired_holds, chunk_size):
 def test_any_policy_can_use_the_other_scheme(expired_holds):
     result = dispatch("expire-holds", scheme="range")
     (chunk,) = chunks_of(result.run)
-    assert "tenant_id" not in chunk.message  # expire-holds ranges span the whole table
+    assert "partition" not in chunk.message  # expire-holds ranges span the whole table
     assert chunk.message["start_id"] == expired_holds[0].pk
     assert chunk.message["end_id"] == expired_holds[-1].pk + 1
 
@@ -180,7 +180,7 @@ def test_range_scheme_plans_per_tenant(db, chunk_size):
 
     per_tenant = {}
     for c in chunks:
-        per_tenant.setdefault(c.message["tenant_id"], []).append(c.planned_rows)
+        per_tenant.setdefault(c.message["partition"], []).append(c.planned_rows)
     assert per_tenant == {first.tenant_id: [2, 2], second.tenant_id: [1]}
 
 

@@ -223,7 +223,7 @@ def test_whole_table_range_delete_carries_bounds_and_predicate_without_a_tenant(
 def test_a_range_message_missing_its_tenant_for_a_partitioned_policy_is_refused(db):
     ReminderAttemptFactory(stale=True)
     chunk = dispatch("purge-reminder-attempts").run.chunks.get()
-    forged = {k: v for k, v in chunk.message.items() if k != "tenant_id"}
+    forged = {k: v for k, v in chunk.message.items() if k != "partition"}
 
     assert apply_chunk(forged) == Outcome.DEAD_LETTERED
     chunk.refresh_from_db()
@@ -245,6 +245,19 @@ def test_range_delete_carries_tenant_bounds_and_predicate(db):
         assert "SELECT" not in where
         for column in ('"sent_at" <=', '"tenant_id" =', '"id" >=', '"id" <'):
             assert column in where
+
+
+def test_a_version_3_range_message_naming_its_partition_tenant_id_is_still_read(db):
+    ReminderAttemptFactory.create_batch(2, stale=True)
+    run = dispatch("purge-reminder-attempts").run
+    chunk = chunks_of(run)[0]
+    assert chunk.message["version"] == 4 and "partition" in chunk.message
+    v3 = {k: v for k, v in chunk.message.items() if k != "partition"}
+    v3.update(version=3, tenant_id=chunk.message["partition"])
+
+    assert apply_chunk(v3) == Outcome.DELETED
+    chunk.refresh_from_db()
+    assert chunk.rows_deleted == 1
 
 
 @pytest.mark.parametrize(
@@ -283,7 +296,7 @@ def test_a_refused_delivery_keeps_the_message_it_carried_when_it_differs(expired
 
     chunk.refresh_from_db()
     assert json.loads(chunk.received_message)["version"] == 99
-    assert chunk.message["version"] == 3  # the ledger's copy is untouched
+    assert chunk.message["version"] == 4  # the ledger's copy is untouched
 
 
 def test_malformed_message_is_dead_lettered_with_its_run_identified(expired_holds):
