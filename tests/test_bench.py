@@ -63,22 +63,41 @@ def test_small_preset_is_correct_and_keeps_the_range_ratio(tmp_path):
         "ratios"]
 
 
+TOOLS = ["cleanup_bench", "cleanup_soak"]  # one guarded wipe for both
+
+
 @pytest.mark.django_db
-def test_refuses_a_database_with_cleanup_schedules_and_changes_nothing(section):
+@pytest.mark.parametrize("tool", TOOLS)
+def test_refuses_a_database_with_cleanup_schedules_and_changes_nothing(section, tool):
     SeatHoldFactory(section=section)
     Schedule.objects.create(name="expire-holds", func="cleanup.schedules.dispatch_slot",
                             schedule_type=Schedule.MINUTES, minutes=1)
     with pytest.raises(CommandError, match="cleanup schedules installed"):
-        call_command("cleanup_bench", "--noinput")
+        call_command(tool, "--noinput")
     assert SeatHold.objects.count() == 1
 
 
 @pytest.mark.django_db
-def test_answer_other_than_yes_cancels_and_changes_nothing(section, monkeypatch):
+@pytest.mark.parametrize("tool", TOOLS)
+def test_answer_other_than_yes_cancels_and_changes_nothing(section, monkeypatch, tool):
     SeatHoldFactory(section=section)
     monkeypatch.setattr("builtins.input", lambda prompt: "no")
     with pytest.raises(CommandError, match="Cancelled; nothing changed"):
-        call_command("cleanup_bench")
+        call_command(tool)
+    assert SeatHold.objects.count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("tool", TOOLS)
+def test_without_a_terminal_to_ask_on_nothing_changes(section, monkeypatch, tool):
+    SeatHoldFactory(section=section)
+
+    def no_terminal(prompt):
+        raise EOFError
+
+    monkeypatch.setattr("builtins.input", no_terminal)
+    with pytest.raises(CommandError, match="needs a terminal to confirm, or --noinput"):
+        call_command(tool)
     assert SeatHold.objects.count() == 1
 
 

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
+from config.devtools.wipe import wipe_reservations
 from reservations import seeding
-from reservations.models import ReminderAttempt, SeatHold, Section, Tenant
+from reservations.models import SeatHold
 
 # The seat-hold columns, written out: the copy moves expires_at, and nothing else.
 COLUMNS = "id, tenant_id, section_id, learner_ref, status, expires_at, created_at, updated_at"
@@ -49,10 +50,8 @@ PRESETS = {
 
 def wipe() -> None:
     """Empty the reservation tables and drop a template left by an interrupted run."""
+    wipe_reservations()
     with connection.cursor() as cursor:
-        for model in (ReminderAttempt, SeatHold, Section, Tenant):
-            # CASCADE: the tables reference each other; all of them are emptied.
-            cursor.execute(f'TRUNCATE "{model._meta.db_table}" CASCADE')
         cursor.execute(DROP_TEMPLATE)
 
 

@@ -27,6 +27,7 @@ from config.devtools.soak import faults
 from config.devtools.soak.poison import POISON_CHANNEL, POISON_POLICY, register_poison_policy
 from config.devtools.soak.processes import Cluster
 from config.devtools.soak.traffic import Learners, TrafficLog
+from config.devtools.wipe import wipe_reservations
 from reservations import seeding
 from reservations.models import ReminderAttempt, SeatHold, Section, Tenant
 from reservations.policies import EXPIRE_HOLDS, PURGE_REMINDERS
@@ -180,8 +181,7 @@ def _seed(duration: float) -> dict:
     # Runs left running from before would add their work to the soak's figures.
     operations.cancel(Run.objects.filter(state=Run.State.RUNNING).values_list("pk", flat=True),
                       actor="soak")
-    for model in (SeatHold, ReminderAttempt, Section, Tenant):
-        model.objects.all().delete()
+    wipe_reservations()
     counts = seeding.seed(tenants=3, expired=600, active=0, confirmed=50, reminders=1500,
                           random_seed=7, progress=lambda *a: None)
     # Holds that expire while the soak runs, so every run finds fresh work.

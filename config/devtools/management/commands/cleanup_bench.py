@@ -6,8 +6,9 @@ from django.core.management.base import BaseCommand, CommandError
 
 from config.devtools.bench import report as reporting
 from config.devtools.bench.data import PRESETS
-from config.devtools.bench.runner import BenchRefused, run_bench
-from reservations.management.wiping import confirm_wipe, exit_on_sigterm
+from config.devtools.bench.runner import run_bench
+from config.devtools.wipe import guard as guard_wipe
+from reservations.management.wiping import exit_on_sigterm
 
 
 class Command(BaseCommand):
@@ -45,13 +46,10 @@ class Command(BaseCommand):
             # Checked first: the chart is drawn at the end of a run of minutes.
             raise CommandError("cleanup_bench draws its chart with matplotlib: install the "
                                "test extra (pip install -e '.[site,test]'); nothing changed.")
-        confirm_wipe("The benchmark", interactive)
+        guard_wipe("The benchmark", interactive)
         say = (lambda line: None) if options["json"] else self.stdout.write
         exit_on_sigterm("cleanup_bench")
-        try:
-            report = run_bench(PRESETS[preset], timeout=timeout, say=say)
-        except BenchRefused as exc:
-            raise CommandError(str(exc)) from exc
+        report = run_bench(PRESETS[preset], timeout=timeout, say=say)
         output = Path(output_dir)
         reporting.write_json(report, output / f"bench-{preset}.json")
         reporting.draw(report, output / f"bench-{preset}.png")

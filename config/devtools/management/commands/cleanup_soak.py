@@ -3,7 +3,8 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from config.devtools.soak.runner import run_soak
-from reservations.management.wiping import confirm_wipe, exit_on_sigterm
+from config.devtools.wipe import guard
+from reservations.management.wiping import exit_on_sigterm
 
 
 class Command(BaseCommand):
@@ -27,7 +28,7 @@ class Command(BaseCommand):
     def handle(self, *args, duration, min_faults, seed, interactive, **options):
         if duration < 10:
             raise CommandError("--duration must be at least 10 seconds")
-        confirm_wipe("The soak", interactive)
+        guard("The soak", interactive)
         say = (lambda line: None) if options["json"] else self.stdout.write
         exit_on_sigterm("cleanup_soak")
         report = run_soak(duration=duration, min_faults=min_faults, seed=seed, say=say)
