@@ -304,7 +304,7 @@ class RunAdmin(LedgerAdmin):
         run = self.get_object(request, object_id)
         extra_context = extra_context or {}
         if run is not None:
-            chunks = Paginator(run.chunks.order_by("seq"), CHUNKS_PER_PAGE)
+            chunks = Paginator(run.chunks.order_by("chunk_id"), CHUNKS_PER_PAGE)
             extra_context["chunk_page"] = chunks.get_page(request.GET.get("chunks"))
             extra_context["can_replay"] = self.has_replay_permission(request)
             extra_context["totals"] = run_totals(run)
@@ -414,7 +414,7 @@ class ChunkAdmin(LedgerAdmin):
     list_select_related = ("run",)
     actions = ["replay_chunks", "requeue_chunks", "discard_chunks"]
     fieldsets = [
-        (None, {"fields": ("run_link", "seq", "state", "planned_rows")}),
+        (None, {"fields": ("run_link", "chunk_id", "state", "planned_rows")}),
         ("Failure", {"fields": ("failure_class", "reason", "last_error_text",
                                 "discard_reason")}),
         ("Outcome", {"fields": ("rows_deleted", "items_skipped", "deliveries",
@@ -460,7 +460,7 @@ class ChunkAdmin(LedgerAdmin):
     def label(self, chunk):
         return format_html(
             '<a href="{}">#{}</a><br><small><a href="{}" title="{}">{}</a> {}</small>',
-            reverse("admin:cleanup_chunk_change", args=[chunk.pk]), chunk.seq,
+            reverse("admin:cleanup_chunk_change", args=[chunk.pk]), chunk.chunk_id,
             reverse("admin:cleanup_run_change", args=[chunk.run_id]), chunk.run_id,
             str(chunk.run_id)[:8], chunk.run.policy)
 
@@ -539,7 +539,7 @@ class ChunkAdmin(LedgerAdmin):
                 "chunks turn into no-ops; dead-lettered ones are requeued.")
         resent = skipped = 0
         for run_id in queryset.values_list("run_id", flat=True).distinct():
-            seqs = list(queryset.filter(run_id=run_id).values_list("seq", flat=True))
+            seqs = list(queryset.filter(run_id=run_id).values_list("chunk_id", flat=True))
             try:
                 result = replay(run_id, chunk_ids=seqs)
             except CleanupError as exc:

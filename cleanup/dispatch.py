@@ -169,7 +169,7 @@ def apply_in_process(run: Run, progress: Callable[[int, int], None] | None = Non
     from cleanup.worker import apply_chunk
 
     applied = 0
-    while chunks := list(run.chunks.filter(state__in=Chunk.UNFINISHED).order_by("seq")):
+    while chunks := list(run.chunks.filter(state__in=Chunk.UNFINISHED).order_by("chunk_id")):
         for chunk in chunks:
             apply_chunk(chunk.message)
             transitions.acknowledge(Q(pk=chunk.pk))

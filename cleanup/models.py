@@ -148,7 +148,9 @@ class Chunk(models.Model):
     # DO_NOTHING keeps the run purge a single DELETE; the database constraint still
     # refuses to delete a run whose chunks remain (they are purged first).
     run = models.ForeignKey(Run, on_delete=models.DO_NOTHING, related_name="chunks")
-    seq = models.PositiveIntegerField(help_text="The chunk's id within its run.")
+    # The chunk's number within its run: the message's chunk_id, the commands' --chunk
+    # ID, the admin's #12.
+    chunk_id = models.PositiveIntegerField(help_text="The chunk's id within its run (#12).")
     state = models.CharField(max_length=16, choices=State.choices, default=State.PLANNED)
     message = MessageField(help_text="The message exactly as sent.")
     planned_rows = models.PositiveIntegerField(default=0)
@@ -192,12 +194,13 @@ class Chunk(models.Model):
     )
 
     class Meta:
-        ordering = ["run", "seq"]
-        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="chunk_unique_seq")]
+        ordering = ["run", "chunk_id"]
+        constraints = [models.UniqueConstraint(fields=["run", "chunk_id"],
+                                               name="chunk_unique_id_in_run")]
         indexes = [models.Index(fields=["run", "state"]), models.Index(fields=["state"])]
 
     def __str__(self) -> str:
-        return f"chunk #{self.seq} of run {str(self.run_id)[:8]}"
+        return f"chunk #{self.chunk_id} of run {str(self.run_id)[:8]}"
 
 
 class OrphanMessage(models.Model):

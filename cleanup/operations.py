@@ -26,19 +26,19 @@ class ActionResult:
     affected: tuple = ()  # pks of the rows the action changed
 
 
-def chunk_pks(run: Run, seqs: Iterable[int] | None, *, state: str | None = None) -> list[int]:
+def chunk_pks(run: Run, chunk_ids: Iterable[int] | None, *, state: str | None = None) -> list[int]:
     """Translate a run's chunk ids into chunk pks; all chunks (in ``state``) if none given."""
     chunks = Chunk.objects.filter(run=run)
-    if not seqs:
+    if not chunk_ids:
         if state is not None:
             chunks = chunks.filter(state=state)
         return list(chunks.values_list("pk", flat=True))
-    seqs = sorted(set(seqs))
-    found = dict(chunks.filter(seq__in=seqs).values_list("seq", "pk"))
-    missing = [seq for seq in seqs if seq not in found]
+    chunk_ids = sorted(set(chunk_ids))
+    found = dict(chunks.filter(chunk_id__in=chunk_ids).values_list("chunk_id", "pk"))
+    missing = [number for number in chunk_ids if number not in found]
     if missing:
         raise UnknownChunk(run.id, missing)
-    return [found[seq] for seq in seqs]
+    return [found[number] for number in chunk_ids]
 
 
 def requeue(pks: Iterable[int], *, resend: bool = True, actor: str = "") -> ActionResult:
@@ -88,5 +88,5 @@ def cancel(run_ids: Iterable, *, actor: str = "") -> ActionResult:
 
 def _log(event: str, chunks: list[Chunk], actor: str, **extra) -> None:
     for chunk in chunks:
-        log.info(f"chunk {event}", run_id=str(chunk.run_id), chunk_id=chunk.seq,
+        log.info(f"chunk {event}", run_id=str(chunk.run_id), chunk_id=chunk.chunk_id,
                  actor=actor, **extra)

@@ -68,7 +68,7 @@ def reconcile(now: datetime | None = None) -> ReconcileResult:
         transport.send(chunks)
     for chunk in chunks:
         log.warning("chunk re-sent by the reconciler", run_id=str(chunk.run_id),
-                    chunk_id=chunk.seq, state=chunk.state)
+                    chunk_id=chunk.chunk_id, state=chunk.state)
     return ReconcileResult(len(chunks), len(never_sent), planned)
 
 

@@ -104,7 +104,7 @@ def dead_letter(chunk: Chunk, reason: str, failure_class: str, *,
         log.warning(
             "chunk dead-lettered",
             run_id=str(chunk.run_id),
-            chunk_id=chunk.seq,
+            chunk_id=chunk.chunk_id,
             policy=chunk.run.policy,
             outcome="dead_lettered",
             failure_class=failure_class,

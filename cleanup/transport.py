@@ -79,7 +79,7 @@ def send_planned(run_id) -> int:
         chunks = list(
             Chunk.objects.select_for_update(skip_locked=True)
             .filter(run_id=run_id, state=Chunk.State.PLANNED)
-            .order_by("seq")
+            .order_by("chunk_id")
         )
         transitions.enqueue([c.pk for c in chunks])
         return send(chunks)

@@ -127,13 +127,13 @@ def _plan_next(run: Run, policy: Policy) -> bool:
     if chunk is None:
         run.planned_all, run.frontier = True, None
         return False
-    seq = run.chunks_planned + 1
+    number = run.chunks_planned + 1
     now = timezone.now()
     send_now = not run.in_process and transport.queue_shares_transaction()
     row = Chunk.objects.create(
-        run=run, seq=seq,
+        run=run, chunk_id=number,
         state=Chunk.State.ENQUEUED if send_now else Chunk.State.PLANNED,
-        message=_message(run, seq, chunk, partitioned=policy.partition_column is not None),
+        message=_message(run, number, chunk, partitioned=policy.partition_column is not None),
         planned_rows=chunk.rows, planned_at=now, enqueued_at=now if send_now else None,
     )
     if send_now:
@@ -141,7 +141,7 @@ def _plan_next(run: Run, policy: Policy) -> bool:
     elif not run.in_process:
         run_id = run.pk
         transaction.on_commit(lambda: transport.send_planned(run_id))
-    run.chunks_planned = seq
+    run.chunks_planned = number
     run.candidates += chunk.rows
     return True
 
@@ -150,8 +150,8 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:2000]
 
 
-def _message(run: Run, seq: int, planned: planning.PlannedChunk, *, partitioned: bool) -> dict:
+def _message(run: Run, number: int, planned: planning.PlannedChunk, *, partitioned: bool) -> dict:
     if planned.items is not None:
-        return messages.items_message(run, seq, planned.items)
-    return messages.range_message(run, seq, planned.partition, planned.start_id, planned.end_id,
+        return messages.items_message(run, number, planned.items)
+    return messages.range_message(run, number, planned.partition, planned.start_id, planned.end_id,
                                   partitioned=partitioned)

@@ -158,7 +158,7 @@ def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
         chunk = (
             Chunk.objects.select_for_update(of=("self",))
             .select_related("run")
-            .filter(run_id=message.run_id, seq=message.chunk_id)
+            .filter(run_id=message.run_id, chunk_id=message.chunk_id)
             .first()
         )
         if chunk is None:
@@ -204,7 +204,7 @@ def _refuse(raw, chunk: Chunk, reason: str, failure_class: str) -> None:
     received = _if_other(raw, chunk)
     if not transitions.dead_letter(chunk, reason, failure_class, received=received):
         ledger.record_orphan(raw, f"{reason} (chunk already {chunk.state})",
-                             run_id=str(chunk.run_id), chunk_id=chunk.seq)
+                             run_id=str(chunk.run_id), chunk_id=chunk.chunk_id)
 
 
 def _if_other(raw, chunk: Chunk) -> str:
@@ -241,7 +241,7 @@ def _record_failure(chunk: Chunk, exc: BaseException, retries: int) -> None:
     log.warning(
         "chunk failed, left for redelivery",
         run_id=str(chunk.run_id),
-        chunk_id=chunk.seq,
+        chunk_id=chunk.chunk_id,
         policy=chunk.run.policy,
         outcome="unknown",
         error=str(exc).strip(),
@@ -254,7 +254,7 @@ def _dead_letter_message(raw, exc: Exception) -> Outcome:
     chunk = None
     if run_id is not None and chunk_id is not None:
         chunk = (
-            Chunk.objects.select_related("run").filter(run_id=run_id, seq=chunk_id).first()
+            Chunk.objects.select_related("run").filter(run_id=run_id, chunk_id=chunk_id).first()
         )
     if chunk is None:
         ledger.record_orphan(raw, str(exc), run_id=run_id, chunk_id=chunk_id)

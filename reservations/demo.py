@@ -48,7 +48,7 @@ def run_demo(*, expired: int, active: int, racers: int, timeout: float,
     reminders_run = dispatch(PURGE_REMINDERS).run
     # Learners act after planning and before the workers: their holds are in the
     # messages, and must survive them.
-    planned = [pk for pk, _ in holds_run.chunks.get(seq=1).message["items"][: 2 * racers]]
+    planned = [pk for pk, _ in holds_run.chunks.get(chunk_id=1).message["items"][: 2 * racers]]
     renewed = [renew_hold(pk).pk for pk in planned[:racers]]
     confirmed = [confirm_hold(pk).pk for pk in planned[racers:]]
     say(f"Dispatched 2 runs; {len(renewed)} candidates renewed and {len(confirmed)} "

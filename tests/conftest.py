@@ -35,7 +35,7 @@ def expired_holds(section):
 
 
 def chunks_of(run: Run) -> list[Chunk]:
-    return list(run.chunks.order_by("seq"))
+    return list(run.chunks.order_by("chunk_id"))
 
 
 def database_url() -> str:

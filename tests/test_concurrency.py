@@ -200,7 +200,7 @@ def test_replay_while_a_chunk_commits_does_not_deadlock(chunk_size):
     chunk_size("expire-holds", 1)
     holds = SeatHoldFactory.create_batch(2, expired=True)
     run = dispatch("expire-holds").run
-    first = run.chunks.get(seq=1)
+    first = run.chunks.get(chunk_id=1)
     blocker, delivery, release = blocked_delivery(first, holds[0].pk)
 
     replayed = Worker(replay, run.pk)
@@ -220,7 +220,7 @@ def test_cancel_while_a_chunk_commits_keeps_its_work_and_cancels_the_rest(chunk_
     chunk_size("expire-holds", 1)
     holds = SeatHoldFactory.create_batch(2, expired=True)
     run = dispatch("expire-holds").run
-    blocker, delivery, release = blocked_delivery(run.chunks.get(seq=1), holds[0].pk)
+    blocker, delivery, release = blocked_delivery(run.chunks.get(chunk_id=1), holds[0].pk)
 
     cancelling = Worker(cancel, [run.pk])
     cancelling.start()
@@ -230,7 +230,7 @@ def test_cancel_while_a_chunk_commits_keeps_its_work_and_cancels_the_rest(chunk_
     blocker.outcome()
     assert delivery.outcome() == Outcome.DELETED
     assert cancelling.outcome().done == 1
-    states = dict(run.chunks.values_list("seq", "state"))
+    states = dict(run.chunks.values_list("chunk_id", "state"))
     assert states == {1: "committed", 2: "cancelled"}
     assert list(SeatHold.objects.values_list("pk", flat=True)) == [holds[1].pk]
 

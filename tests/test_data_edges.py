@@ -93,10 +93,10 @@ def test_a_malformed_message_naming_a_finished_chunk_is_kept_and_logged(expired_
     assert apply_chunk(malformed) == Outcome.DEAD_LETTERED
 
     orphan = OrphanMessage.objects.get()
-    assert (str(orphan.run_id), orphan.chunk_id) == (str(chunk.run_id), chunk.seq)
+    assert (str(orphan.run_id), orphan.chunk_id) == (str(chunk.run_id), chunk.chunk_id)
     assert "unknown message version 99" in orphan.error and "already committed" in orphan.error
     events = [r.msg for r in caplog.records if isinstance(r.msg, dict)]
-    assert any(e["event"] == "orphan message dead-lettered" and e["chunk_id"] == chunk.seq
+    assert any(e["event"] == "orphan message dead-lettered" and e["chunk_id"] == chunk.chunk_id
                for e in events)
     chunk.refresh_from_db()
     assert chunk.state == Chunk.State.COMMITTED

@@ -196,7 +196,7 @@ def test_interrupted_sync_run_is_finished_by_dispatching_its_key_again(
     def die_on_second_chunk(chunk, *args, **kwargs):
         if committed:
             raise KeyboardInterrupt("injected: process stopped mid-run")
-        committed.append(chunk.seq)
+        committed.append(chunk.chunk_id)
         real_record(chunk, *args, **kwargs)
 
     monkeypatch.setattr(transitions, "commit", die_on_second_chunk)

@@ -57,7 +57,7 @@ def test_qcluster_applies_runs_and_redelivery_after_commit_is_noop(qcluster, chu
     chunk_size("expire-holds", 2)
     holds_run = dispatch("expire-holds").run
     reminders_run = dispatch("purge-reminder-attempts").run
-    first = holds_run.chunks.get(seq=1)
+    first = holds_run.chunks.get(chunk_id=1)
     # A worker that committed chunk 1 and died before django-q2 acknowledged it: the
     # message is still in the queue.
     apply_chunk(first.message)

@@ -33,7 +33,7 @@ def history(scheme: str, *, chunks: int, rows: int, duration_ms: int, policy=EXP
     run = Run.objects.create(policy=policy, dispatch_key=f"test:{uuid.uuid4()}", cutoff=now,
                              scheme=scheme, state=Run.State.COMPLETED)
     Chunk.objects.bulk_create(
-        Chunk(run=run, seq=seq, state=Chunk.State.ACKNOWLEDGED,
+        Chunk(run=run, chunk_id=seq, state=Chunk.State.ACKNOWLEDGED,
               message={"start_id": seq * span, "end_id": (seq + 1) * span} if span else {},
               planned_rows=rows, rows_deleted=rows, duration_ms=duration_ms,
               committed_at=now)
@@ -86,7 +86,7 @@ def test_dispatch_plans_with_the_learned_size_and_records_it(section, chunk_size
     history(RANGE, chunks=sizing.ENOUGH, rows=100, duration_ms=500)  # 0.2 rows per ms: 10 rows
     run = dispatch(EXPIRE, scheme=RANGE).run
     assert run.chunk_size == 10
-    assert [c.planned_rows for c in run.chunks.order_by("seq")] == [10, 10, 5]
+    assert [c.planned_rows for c in run.chunks.order_by("chunk_id")] == [10, 10, 5]
 
 
 def test_a_few_slow_chunks_do_not_shrink_the_size():

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.django_db
 
 def unfinished(policy: str = "expire-holds") -> list[Chunk]:
     return list(Chunk.objects.filter(run__policy=policy, state__in=Chunk.UNFINISHED)
-                .order_by("run__created_at", "seq"))
+                .order_by("run__created_at", "chunk_id"))
 
 
 def drain(policy: str = "expire-holds") -> int:
@@ -61,7 +61,7 @@ def test_dispatch_sends_the_first_window_and_each_commit_plans_the_next(section,
     run.refresh_from_db()
     # The commit planned chunk 3 and its message in the same transaction.
     assert run.chunks_planned == 3
-    assert Chunk.objects.get(run=run, seq=3).state == Chunk.State.ENQUEUED
+    assert Chunk.objects.get(run=run, chunk_id=3).state == Chunk.State.ENQUEUED
     assert OrmQ.objects.count() == 3
 
     assert drain() == 2
@@ -270,7 +270,7 @@ def test_with_redis_the_next_chunk_is_sent_after_its_planners_commit(section, se
 
         apply_chunk(chunks_of(run)[0].message)
 
-        second = Chunk.objects.get(run=run, seq=2)
+        second = Chunk.objects.get(run=run, chunk_id=2)
         assert second.state == Chunk.State.ENQUEUED and client.llen(queue) == 2
         apply_chunk(second.message)
         run.refresh_from_db()

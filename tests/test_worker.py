@@ -327,7 +327,7 @@ def test_an_observed_value_that_is_no_instant_is_malformed(expired_holds, observ
 
 def test_previous_message_version_is_still_understood(expired_holds):
     chunk = only_chunk(dispatch("expire-holds").run)
-    v1 = {**chunk.message, "version": 1, "batch_id": chunk.seq}
+    v1 = {**chunk.message, "version": 1, "batch_id": chunk.chunk_id}
     del v1["chunk_id"]
 
     assert apply_chunk(v1) == Outcome.DELETED
@@ -397,7 +397,7 @@ def test_requeued_dead_letter_gets_a_fresh_delivery_limit(expired_holds, setting
     Chunk.objects.filter(pk=chunk.pk).update(deliveries=2)
     apply_chunk(chunk.message)
 
-    replay(chunk.run_id, chunk_ids=[chunk.seq])
+    replay(chunk.run_id, chunk_ids=[chunk.chunk_id])
 
     assert apply_chunk(chunk.message) == Outcome.DELETED
     chunk.refresh_from_db()
@@ -418,6 +418,6 @@ def test_idempotency_keys_are_logged_at_debug(expired_holds, caplog):
     assert len(keys) == 5
     (outcome,) = [e for e in events if e["event"] == "chunk outcome"]
     assert (outcome["run_id"], outcome["chunk_id"], outcome["outcome"]) == (
-        str(chunk.run_id), chunk.seq, "deleted")
+        str(chunk.run_id), chunk.chunk_id, "deleted")
     assert (outcome["rows_deleted"], outcome["policy"]) == (5, "expire-holds")
 
