@@ -15,7 +15,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from cleanup import ledger, messages, transitions
+from cleanup import faults, ledger, messages, transitions
 from cleanup.conf import conf
 from cleanup.exceptions import MalformedMessage, UnknownPolicy
 from cleanup.expressions import PairsIn
@@ -114,6 +114,7 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) ->
             outcome = Outcome.DELETED if deleted else Outcome.NOOP
             transitions.commit(current, deleted=deleted, retries=retries,
                                elapsed=time.monotonic() - started)
+            faults.reach(faults.BEFORE_COMMIT)
     log.info(
         "chunk outcome",
         run_id=message.run_id,

@@ -10,7 +10,7 @@ from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from cleanup import transitions
+from cleanup import faults, transitions
 from cleanup.dispatch import dispatch
 from cleanup.models import Chunk, OrphanMessage, Run
 from cleanup.worker import Outcome, apply_chunk
@@ -67,42 +67,33 @@ def test_hold_renewed_or_confirmed_after_planning_survives(expired_holds):
     assert (chunk.rows_deleted, chunk.items_skipped) == (3, 2)
 
 
-def test_failure_just_before_commit_changes_nothing_and_retry_succeeds(
-    expired_holds, monkeypatch
-):
+def test_failure_just_before_commit_changes_nothing_and_retry_succeeds(expired_holds):
     chunk = only_chunk(dispatch("expire-holds").run)
-    real_record = transitions.commit
-    calls = []
+    seen = []
 
-    def connection_lost_before_commit(*args, **kwargs):
-        real_record(*args, **kwargs)  # the DELETE and the ledger update ran, not yet committed
-        calls.append(SeatHold.objects.count())
-        if len(calls) == 1:
+    def connection_lost_before_commit():
+        # The DELETE and the ledger write ran in this transaction, not yet committed.
+        seen.append(SeatHold.objects.count())
+        if len(seen) == 1:
             raise OperationalError("injected: connection lost before commit")
 
-    monkeypatch.setattr(transitions, "commit", connection_lost_before_commit)
-
-    assert apply_chunk(chunk.message) == Outcome.DELETED
+    with faults.injected(faults.BEFORE_COMMIT, connection_lost_before_commit):
+        assert apply_chunk(chunk.message) == Outcome.DELETED
 
     chunk.refresh_from_db()
-    assert calls == [0, 0]  # the first attempt rolled back: the retry deleted again
+    assert seen == [0, 0]  # the first attempt rolled back: the retry deleted again
     assert (chunk.rows_deleted, chunk.transient_retries, chunk.deliveries_completed) == (5, 1, 1)
     assert SeatHold.objects.count() == 0
 
 
-def test_transient_error_outlasting_retries_is_raised_for_redelivery(
-    expired_holds, monkeypatch, settings
-):
+def test_transient_error_outlasting_retries_is_raised_for_redelivery(expired_holds, settings):
     settings.CLEANUP_TRANSIENT_RETRIES = 2
     chunk = only_chunk(dispatch("expire-holds").run)
-    real_record = transitions.commit
 
-    def always_lost(*args, **kwargs):
-        real_record(*args, **kwargs)
+    def always_lost():
         raise OperationalError("injected: connection lost before commit")
 
-    monkeypatch.setattr(transitions, "commit", always_lost)
-    with pytest.raises(OperationalError):
+    with faults.injected(faults.BEFORE_COMMIT, always_lost), pytest.raises(OperationalError):
         apply_chunk(chunk.message)
 
     chunk.refresh_from_db()
@@ -111,20 +102,19 @@ def test_transient_error_outlasting_retries_is_raised_for_redelivery(
     assert chunk.failure_class == Chunk.FailureClass.TRANSIENT
     assert "connection lost" in chunk.last_error
 
-    monkeypatch.setattr(transitions, "commit", real_record)
     assert apply_chunk(chunk.message) == Outcome.DELETED  # the broker's redelivery
     assert SeatHold.objects.count() == 0
 
 
-def test_deterministic_error_is_dead_lettered_at_once(expired_holds, monkeypatch):
+def test_deterministic_error_is_dead_lettered_at_once(expired_holds):
     chunk = only_chunk(dispatch("expire-holds").run)
 
-    def bug(*args, **kwargs):
+    def bug():
         raise TypeError("injected programming error")
 
-    monkeypatch.setattr(transitions, "commit", bug)
+    with faults.injected(faults.BEFORE_COMMIT, bug):
+        assert apply_chunk(chunk.message) == Outcome.DEAD_LETTERED
 
-    assert apply_chunk(chunk.message) == Outcome.DEAD_LETTERED
     chunk.refresh_from_db()
     assert chunk.state == Chunk.State.DEAD_LETTERED
     assert chunk.failure_class == Chunk.FailureClass.ERROR
