@@ -103,9 +103,7 @@ def dead_letter(chunk: Chunk, reason: str, failure_class: str, *,
     if updated:
         log.warning(
             "chunk dead-lettered",
-            run_id=str(chunk.run_id),
-            chunk_id=chunk.chunk_id,
-            policy=chunk.run.policy,
+            **chunk_fields(chunk),
             outcome="dead_lettered",
             failure_class=failure_class,
             reason=reason.splitlines()[0] if reason else "",
@@ -195,6 +193,11 @@ def _advance_and_settle(run_id) -> Run:
     if policy is not None:
         window.top_up_safely(policy)
     return settle_run(run_id)
+
+
+def chunk_fields(chunk: Chunk) -> dict:
+    """What every log line about a chunk names it by."""
+    return {"run_id": str(chunk.run_id), "chunk_id": chunk.chunk_id, "policy": chunk.run.policy}
 
 
 def _lock_runs(runs):

@@ -241,9 +241,7 @@ def _record_failure(chunk: Chunk, exc: BaseException, retries: int) -> None:
     transitions.retry(chunk, error=_describe(exc), retries=retries)
     log.warning(
         "chunk failed, left for redelivery",
-        run_id=str(chunk.run_id),
-        chunk_id=chunk.chunk_id,
-        policy=chunk.run.policy,
+        **transitions.chunk_fields(chunk),
         outcome="unknown",
         error=str(exc).strip(),
         transient_retries=retries,

@@ -20,7 +20,7 @@ from cleanup.policies import get_policy
 from config.devtools.bench import data
 from config.devtools.bench.contenders import Result, cluster_ready, contenders
 from config.devtools.bench.probes import CLEANED, UNTOUCHED, RenewalProbe, sample_ids, summary
-from config.devtools.soak.processes import Cluster
+from config.devtools.processes import Cluster
 from reservations.models import SeatHold
 from reservations.policies import EXPIRE_HOLDS
 

@@ -17,7 +17,7 @@ from cleanup.models import Chunk, Run
 from cleanup.replay import replay
 from cleanup.tasks import dispatch_scheduled
 from cleanup.transport import send
-from config.devtools.soak.processes import Cluster
+from config.devtools.processes import Cluster
 from reservations.models import SeatHold
 from reservations.policies import EXPIRE_HOLDS, PURGE_REMINDERS
 

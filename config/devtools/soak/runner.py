@@ -23,9 +23,9 @@ from cleanup.policies import get_policy, register
 from cleanup.reconcile import reconcile
 from cleanup.replay import replay
 from cleanup.transport import queue_shares_transaction
+from config.devtools.processes import Cluster
 from config.devtools.soak import faults
 from config.devtools.soak.poison import POISON_CHANNEL, POISON_POLICY, register_poison_policy
-from config.devtools.soak.processes import Cluster
 from config.devtools.soak.traffic import Learners, TrafficLog
 from config.devtools.wipe import wipe_reservations
 from reservations import seeding

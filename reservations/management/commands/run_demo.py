@@ -3,7 +3,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from reservations.demo import run_demo
-from reservations.management.wiping import confirm_wipe
+from reservations.management.wiping import add_wipe_arguments, confirm_wipe
 
 
 class Command(BaseCommand):
@@ -21,10 +21,7 @@ class Command(BaseCommand):
                             help="Candidates renewed, and as many confirmed, mid-run.")
         parser.add_argument("--timeout", type=float, default=180,
                             help="Seconds to wait for the runs to finish (default 180).")
-        parser.add_argument("--noinput", "--no-input", action="store_false",
-                            dest="interactive",
-                            help="Do not ask before deleting the reservation data.")
-        parser.add_argument("--json", action="store_true", help="Print one JSON object.")
+        add_wipe_arguments(parser)
 
     def handle(self, *args, expired, active, racers, timeout, interactive, **options):
         if expired < 2 * racers or racers < 1:

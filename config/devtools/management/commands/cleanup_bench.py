@@ -8,7 +8,7 @@ from config.devtools.bench import report as reporting
 from config.devtools.bench.data import PRESETS
 from config.devtools.bench.runner import run_bench
 from config.devtools.wipe import guard as guard_wipe
-from reservations.management.wiping import exit_on_sigterm
+from reservations.management.wiping import add_wipe_arguments, exit_on_sigterm
 
 
 class Command(BaseCommand):
@@ -33,11 +33,8 @@ class Command(BaseCommand):
         parser.add_argument("--record-baseline", action="store_true",
                             help="Record this run's first range run ratio as the preset's "
                             "baseline.")
-        parser.add_argument("--noinput", "--no-input", action="store_false",
-                            dest="interactive",
-                            help="Do not ask before deleting the reservation data.")
-        parser.add_argument("--json", action="store_true",
-                            help="Print the report as one JSON line instead of the table.")
+        add_wipe_arguments(parser,
+                           json_help="Print the report as one JSON line instead of the table.")
 
     def handle(self, *args, preset, output_dir, timeout, interactive, **options):
         if timeout <= 0:

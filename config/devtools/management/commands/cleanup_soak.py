@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from config.devtools.soak.runner import run_soak
 from config.devtools.wipe import guard
-from reservations.management.wiping import exit_on_sigterm
+from reservations.management.wiping import add_wipe_arguments, exit_on_sigterm
 
 
 class Command(BaseCommand):
@@ -20,10 +20,7 @@ class Command(BaseCommand):
                             help="Minimum hits of each fault kind for the soak to pass.")
         parser.add_argument("--seed", type=int, default=1,
                             help="Random seed of the traffic and the faults (default 1).")
-        parser.add_argument("--noinput", "--no-input", action="store_false",
-                            dest="interactive",
-                            help="Do not ask before deleting the reservation data.")
-        parser.add_argument("--json", action="store_true", help="Print one JSON object.")
+        add_wipe_arguments(parser)
 
     def handle(self, *args, duration, min_faults, seed, interactive, **options):
         if duration < 10:
