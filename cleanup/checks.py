@@ -164,6 +164,18 @@ def check_policies(app_configs=None, **kwargs):
                     id="cleanup.E010",
                 )
             )
+        if policy.update is not None and not _moves_out(policy):
+            errors.append(
+                checks.Error(
+                    f"Policy {policy.name!r} updates {sorted(policy.update)}, which does not "
+                    "move a row out of its eligibility filter.",
+                    hint="A second delivery would change the row again. Assign a field the "
+                    "filter compares with another value (e.g. state='ready' where the "
+                    "filter asks state='pending').",
+                    obj=policy.model,
+                    id="cleanup.E012",
+                )
+            )
         if len(rows.query.alias_map) > 1:
             errors.append(
                 checks.Error(
@@ -176,3 +188,34 @@ def check_policies(app_configs=None, **kwargs):
                 )
             )
     return errors
+
+
+def _moves_out(policy) -> bool:
+    """Whether one of the update's constant assignments contradicts a condition every
+    eligible row meets (an AND-ed exact, ``in`` or ``isnull`` lookup on that field)."""
+    conditions = _required_conditions(policy.eligible(**policy.freeze(timezone.now())))
+    for field, value in policy.update.items():
+        if hasattr(value, "resolve_expression"):
+            continue  # an expression's value is not known before it runs
+        for name, lookup, wanted in conditions:
+            if name != field:
+                continue
+            if (lookup == "exact" and wanted != value
+                    or lookup == "in" and value not in wanted
+                    or lookup == "isnull" and wanted != (value is None)):
+                return True
+    return False
+
+
+def _required_conditions(q) -> list[tuple[str, str, object]]:
+    """The (field, lookup, value) conditions of an AND-ed, non-negated Q tree."""
+    if q.negated or q.connector != "AND":
+        return []
+    found = []
+    for child in q.children:
+        if isinstance(child, tuple):
+            field, _, lookup = child[0].partition("__")
+            found.append((field, lookup or "exact", child[1]))
+        else:
+            found += _required_conditions(child)
+    return found

@@ -171,6 +171,9 @@ class Chunk(models.Model):
     )
     transient_retries = models.PositiveIntegerField(default=0)
     rows_deleted = models.PositiveIntegerField(default=0)
+    rows_updated = models.PositiveIntegerField(
+        default=0, help_text="Rows an update policy's chunk moved out of eligibility."
+    )
     items_skipped = models.PositiveIntegerField(
         default=0, help_text="Planned rows no longer eligible when the chunk ran."
     )

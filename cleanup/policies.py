@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.apps import apps
 from django.db import models
@@ -56,6 +57,10 @@ runs only.
     # Called inside the chunk's transaction with exactly the rows its DELETE then
     # removes, locked (the ledger purge rolls up the counters of what it deletes).
     before_delete: Callable[[models.QuerySet], None] | None = None
+    # The mutation: None deletes the eligible rows; a mapping of field to value (or
+    # expression) updates them instead, and must move a row out of eligibility, so a
+    # second delivery changes nothing (system check cleanup.E012).
+    update: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
@@ -64,6 +69,14 @@ runs only.
             raise ValueError(f"policy {self.name!r}: chunk_size must be positive")
         if self.window is not None and self.window < 1:
             raise ValueError(f"policy {self.name!r}: window must be positive")
+        if self.update is not None and (not self.update or self.before_delete is not None):
+            raise ValueError(f"policy {self.name!r}: update needs at least one assignment "
+                             "and no before_delete hook")
+
+    @property
+    def mutation(self) -> str:
+        """``delete`` or ``update``: what each chunk's single statement does."""
+        return "delete" if self.update is None else "update"
 
     @property
     def idempotency_prefix(self) -> str:

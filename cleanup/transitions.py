@@ -45,7 +45,8 @@ def enqueue(pks: Iterable[int], now: datetime | None = None) -> int:
     )
 
 
-def commit(chunk: Chunk, *, deleted: int, retries: int, elapsed: float) -> bool:
+def commit(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
+           updated: int = 0) -> bool:
     """unfinished → committed, with the outcome, in the transaction of the chunk's DELETE.
 
     ``elapsed`` covers the transaction up to this write; the commit itself is not in it.
@@ -56,9 +57,10 @@ def commit(chunk: Chunk, *, deleted: int, retries: int, elapsed: float) -> bool:
         state=Chunk.State.COMMITTED,
         committed_at=timezone.now(),
         rows_deleted=F("rows_deleted") + deleted,
-        items_skipped=F("items_skipped") + max(chunk.planned_rows - deleted, 0),
+        rows_updated=F("rows_updated") + updated,
+        items_skipped=F("items_skipped") + max(chunk.planned_rows - deleted - updated, 0),
         deliveries_completed=F("deliveries_completed") + 1,
-        noop_deliveries=F("noop_deliveries") + (0 if deleted else 1),
+        noop_deliveries=F("noop_deliveries") + (0 if deleted or updated else 1),
         transient_retries=F("transient_retries") + retries,
     )
     if updated:

@@ -32,6 +32,7 @@ TRANSIENT_ERRORS = (OperationalError, InterfaceError)
 
 class Outcome(StrEnum):
     DELETED = "deleted"
+    UPDATED = "updated"  # an update policy's chunk changed rows
     NOOP = "noop"
     DEAD_LETTERED = "dead_lettered"
 
@@ -72,7 +73,8 @@ def apply_chunk(raw) -> Outcome:
 
 
 def delete_statement(policy: Policy, message: ChunkMessage, frozen: dict[str, datetime]):
-    """Return the queryset whose delete() is the chunk's single conditional DELETE.
+    """Return the queryset whose delete() (or, for an update policy, update()) is the
+    chunk's single conditional statement.
 
     ``frozen`` is the run's parameters as stored at dispatch, never recomputed.
     """
@@ -104,15 +106,22 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) ->
                 noop_deliveries=F("noop_deliveries") + 1,
                 transient_retries=F("transient_retries") + retries,
             )
-            deleted, outcome = 0, Outcome.NOOP
+            deleted = updated = 0
+            outcome = Outcome.NOOP
         else:
-            doomed = delete_statement(policy, message, chunk.run.frozen)
-            if policy.before_delete is not None:
-                doomed = _locked(doomed)
-                policy.before_delete(doomed)
-            deleted, _ = doomed.delete()
-            outcome = Outcome.DELETED if deleted else Outcome.NOOP
-            transitions.commit(current, deleted=deleted, retries=retries,
+            statement = delete_statement(policy, message, chunk.run.frozen)
+            deleted = updated = 0
+            if policy.update is not None:
+                # One UPDATE with the whole predicate in its own WHERE, as for a DELETE.
+                updated = statement.update(**policy.update)
+                outcome = Outcome.UPDATED if updated else Outcome.NOOP
+            else:
+                if policy.before_delete is not None:
+                    statement = _locked(statement)
+                    policy.before_delete(statement)
+                deleted, _ = statement.delete()
+                outcome = Outcome.DELETED if deleted else Outcome.NOOP
+            transitions.commit(current, deleted=deleted, updated=updated, retries=retries,
                                elapsed=time.monotonic() - started)
             faults.reach(faults.BEFORE_COMMIT)
     log.info(
@@ -122,6 +131,7 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) ->
         policy=policy.name,
         outcome=str(outcome),
         rows_deleted=deleted,
+        rows_updated=updated,
         planned_rows=current.planned_rows,
         already=current.state if current.state not in Chunk.UNFINISHED else None,
         transient_retries=retries,
