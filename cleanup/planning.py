@@ -192,17 +192,19 @@ def position(run) -> float | None:
         return 1.0
     if run.span_start is None or run.span_end is None or run.frontier is None:
         return None
-    if "next_id" in run.frontier and "partition" not in run.frontier:
-        at = run.frontier["next_id"]
-    elif run.frontier.get("after"):
-        try:
-            at = _epoch(datetime.fromisoformat(run.frontier["after"][0]))
-        except ValueError:
-            return None
-    elif run.frontier.get("after", ...) is None:
-        at = run.span_start
+    frontier = run.frontier
+    if "next_id" in frontier and "partition" not in frontier:
+        at = frontier["next_id"]
+    elif "after" in frontier:
+        if frontier["after"] is None:  # before the first row
+            at = run.span_start
+        else:
+            try:
+                at = _epoch(datetime.fromisoformat(frontier["after"][0]))
+            except ValueError:  # PostgreSQL's own text, such as -infinity
+                return None
     else:
-        return None
+        return None  # ranges per partition, or the NULLs after the items
     width = run.span_end - run.span_start
     return min(max((at - run.span_start) / width, 0.0), 1.0) if width > 0 else None
 

@@ -75,24 +75,24 @@ def next_size(run, policy: Policy) -> tuple[int, int | None]:
     current = run.next_chunk_size or run.chunk_size or policy.chunk_size
     if not conf.CHUNK_BUDGET_MS:
         return current, run.max_span
-    # An items chunk's message is large and carries no span: left unread.
-    spans = ("message__start_id", "message__end_id") if run.scheme != ITEMS else ()
-    latest = [
-        (*row, None, None)[:4] for row in
+    fields = ["planned_rows", "duration_ms"]
+    if run.scheme != ITEMS:  # an items message is large and carries no span: left unread
+        fields += ["message__start_id", "message__end_id"]
+    latest = list(
         Chunk.objects.filter(run=run, state__in=Chunk.DONE, duration_ms__isnull=False,
                              planned_rows__gt=0)
         .order_by("-committed_at")
-        .values_list("planned_rows", "duration_ms", *spans)[:LATEST]
-    ]
+        .values_list(*fields)[:LATEST]
+    )
     if not latest:
         return current, run.max_span
-    paces = sorted(rows / max(ms, 1) for rows, ms, _, _ in latest)
+    paces = sorted(row[0] / max(row[1], 1) for row in latest)
     learned = int(conf.CHUNK_BUDGET_MS * paces[len(paces) // 2])
     ceiling = conf.MAX_ITEMS_PER_CHUNK if run.scheme == ITEMS else conf.MAX_RANGE_ROWS_PER_CHUNK
     size = max(current // STEP, min(learned, current * STEP))
     size = max(conf.MIN_ROWS_PER_CHUNK, min(size, ceiling))
-    spans = sorted((end - start) / rows for rows, _, start, end in latest
-                   if isinstance(start, int) and isinstance(end, int))
+    spans = sorted((row[3] - row[2]) / row[0] for row in latest
+                   if len(row) == 4 and isinstance(row[2], int) and isinstance(row[3], int))
     if not spans:
         return size, None
     return size, max(1, round(SPAN_FACTOR * size * spans[len(spans) // 2]))
