@@ -75,7 +75,7 @@ def run_soak(*, duration: float, min_faults: int, seed: int, say) -> SoakReport:
         try:
             for cluster in clusters:
                 cluster.start()
-            injector, log, final, poison_run, peaks = _soak(clusters, duration, rng, seed,
+            injector, log, final, poison_run, peaks, again = _soak(clusters, duration, rng, seed,
                                                             say, started_at)
             _settle(Run.objects.filter(created_at__gte=started_at), lease)
         finally:
@@ -83,7 +83,7 @@ def run_soak(*, duration: float, min_faults: int, seed: int, say) -> SoakReport:
                 cluster.stop()
         connections.close_all()
         return _report(broker, duration, started_at, seeded, log, injector, final,
-                       poison_run, peaks, min_faults, lease)
+                       poison_run, peaks, again, min_faults, lease)
 
 
 def _soak(clusters, duration, rng, seed, say, started_at):
@@ -121,8 +121,8 @@ def _soak(clusters, duration, rng, seed, say, started_at):
     say("Traffic and faults stopped; final runs, every run delivered once more.")
     final = [dispatch(EXPIRE_HOLDS).run, dispatch(PURGE_REMINDERS).run]
     _settle(Run.objects.filter(pk__in=[r.pk for r in final]), RETRY + TIMEOUT)
-    _replay_finished(replayed, started_at)
-    return injector, log, final, poison_run, window_probe.peaks
+    again = _deliver_every_chunk_twice(replayed, started_at)
+    return injector, log, final, poison_run, window_probe.peaks, again
 
 
 class WindowProbe(threading.Thread):
@@ -158,6 +158,36 @@ def _replay_finished(replayed: set, since) -> None:
     for run in finished:
         replay(run.pk)
         replayed.add(run.pk)
+
+
+def _short_of_two(since):
+    """The soak's chunks (the poison policy's aside) delivered fewer than two times."""
+    return Chunk.objects.filter(run__created_at__gte=since, deliveries__lt=2).exclude(
+        run__policy=POISON_POLICY)
+
+
+def _deliver_every_chunk_twice(replayed: set, since) -> int:
+    """Replay the runs not replayed yet, and wait until every chunk had a second delivery.
+
+    With Redis, a message taken by a worker the soak killed is gone, and its chunk being
+    finished, the reconciler does not send it again: such a run is replayed once more.
+    Returns how many runs were.
+    """
+    _replay_finished(replayed, since)
+    again = 0
+    for _ in range(3):
+        left, still_since = None, time.monotonic()
+        while time.monotonic() - still_since < RETRY + TIMEOUT:
+            count = _short_of_two(since).count()
+            if count == 0:
+                return again
+            if count != left:
+                left, still_since = count, time.monotonic()
+            time.sleep(0.5)
+        for run_id in set(_short_of_two(since).values_list("run_id", flat=True)):
+            replay(run_id)
+            again += 1
+    return again
 
 
 def _settle(runs, lease: float) -> None:
@@ -201,7 +231,7 @@ def _seed(duration: float) -> dict:
 
 
 def _report(broker, duration, started_at, seeded, log, injector, final, poison_run,
-            peaks, min_faults, lease) -> SoakReport:
+            peaks, again, min_faults, lease) -> SoakReport:
     now = timezone.now()
     runs = Run.objects.filter(created_at__gte=started_at)
     chunks = Chunk.objects.filter(run__in=runs)
@@ -238,6 +268,7 @@ def _report(broker, duration, started_at, seeded, log, injector, final, poison_r
             "chunks_not_terminal_in_time": overdue,
             "runs_still_running": runs.filter(state=Run.State.RUNNING).count(),
             "chunks_delivered_only_once": once,
+            "runs_replayed_again_after_a_lost_message": again,
             "chunks_reconciled": chunks.aggregate(n=Sum("reconciles"))["n"] or 0,
             "poison_chunk": {
                 "state": poison.state, "failure_class": poison.failure_class,
