@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import structlog
+from croniter import croniter
 from django.db import transaction
 from django_q.models import Schedule
 
@@ -24,6 +25,16 @@ ENGINE_SCHEDULES = {
     "reconcile": "cleanup.tasks.reconcile_chunks",
     "heartbeat": "cleanup.tasks.heartbeat",
 }
+# The host project's own periodic tasks, kept the same way (register_task).
+_tasks: dict[str, tuple[str, str]] = {}
+
+
+def register_task(name: str, func: str, cron: str) -> None:
+    """Keep a schedule ``cleanup:<name>`` that runs ``func`` (a task's dotted path) on
+    ``cron``, installed, updated and removed by ``cleanup_schedule`` with the others."""
+    if not croniter.is_valid(cron):
+        raise ValueError(f"task {name!r}: {cron!r} is not a cron expression")
+    _tasks[name] = (func, cron)
 
 
 @dataclass
@@ -51,9 +62,10 @@ def install_schedules() -> ScheduleChanges:
         for p in all_policies()
         if p.schedule is not None
     }
-    for name, func in ENGINE_SCHEDULES.items():
+    tasks = {name: (func, "* * * * *") for name, func in ENGINE_SCHEDULES.items()}
+    for name, (func, cron) in {**_tasks, **tasks}.items():
         wanted[f"{NAME_PREFIX}{name}"] = {
-            "func": func, "kwargs": None, "cron": "* * * * *", "intended_date_kwarg": None,
+            "func": func, "kwargs": None, "cron": cron, "intended_date_kwarg": None,
         }
     with transaction.atomic():
         existing = {

@@ -154,6 +154,19 @@ STORAGES = {
     },
 }
 
+# Mail (renewal reminders). The default profile prints each mail to the worker's
+# output; production sends through SMTP. Either can be any Django email backend.
+EMAIL_BACKEND = os.environ.get("DJANGO_EMAIL_BACKEND", "").strip() or (
+    "django.core.mail.backends.smtp.EmailBackend" if PRODUCTION
+    else "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = _env_number("EMAIL_PORT", 25, int)
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = os.environ.get("EMAIL_USE_TLS", "") == "1"
+EMAIL_FILE_PATH = os.environ.get("EMAIL_FILE_PATH", "") or BASE_DIR / ".data" / "mail"
+# The sender of reminders; its domain also names each reminder's Message-ID.
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "") or "seats@example.edu"
 
 # django-q2 with the ORM broker on the models' own alias, so a run, its chunks and
 # their queue messages commit in one transaction.

@@ -9,10 +9,19 @@ conf = PrefixedSettings(
         "HOLD_MINUTES": 15,
         # Reminder attempts are purged once older than this.
         "REMINDER_RETENTION_DAYS": 30,
+        # A held seat's renewal reminder is due this long before the hold expires.
+        "REMINDER_LEAD_MINUTES": 5,
+        # How a learner_ref becomes the address a reminder goes to.
+        "LEARNER_EMAIL": "{learner_ref}@learners.example.edu",
+        # Ready reminders one run of the sender takes at most.
+        "REMINDER_SEND_BATCH": 500,
         "EXPIRE_CHUNK_SIZE": 500,
+        "MARK_READY_CHUNK_SIZE": 500,
         "PURGE_CHUNK_SIZE": 1000,
-        # django-q2 cron expressions of the two cleanup schedules.
+        # django-q2 cron expressions of the cleanup schedules and of the sender.
         "EXPIRE_SCHEDULE": "* * * * *",
         "PURGE_SCHEDULE": "15 * * * *",
+        "MARK_READY_SCHEDULE": "* * * * *",
+        "REMINDER_SEND_SCHEDULE": "* * * * *",
     },
 )

@@ -17,7 +17,7 @@ from cleanup.policies import get_policy
 from cleanup.replay import replay
 from cleanup.status import run_summary
 from reservations import seeding
-from reservations.models import ReminderAttempt, SeatHold, Section, Tenant
+from reservations.models import Reminder, ReminderAttempt, SeatHold, Section, Tenant
 from reservations.policies import EXPIRE_HOLDS, PURGE_REMINDERS
 from reservations.services import confirm_hold, renew_hold
 
@@ -38,10 +38,10 @@ class DemoReport:
 def run_demo(*, expired: int, active: int, racers: int, timeout: float,
              say: Callable[[str], None]) -> DemoReport:
     """Seed, dispatch both policies, renew and confirm some candidates, let a qcluster work."""
-    for model in (SeatHold, ReminderAttempt, Section, Tenant):
+    for model in (Reminder, SeatHold, ReminderAttempt, Section, Tenant):
         model.objects.all().delete()
     seeding.seed(tenants=3, expired=expired, active=active, confirmed=expired // 10,
-                 reminders=expired, random_seed=1, progress=lambda *a: None)
+                 attempts=expired, random_seed=1, progress=lambda *a: None)
     say(f"Seeded {expired} expired and {active} active holds.")
 
     holds_run = dispatch(EXPIRE_HOLDS).run

@@ -1,4 +1,4 @@
-"""Tenants, course sections, seat holds, and reminder attempts about expiring holds."""
+"""Tenants, course sections, seat holds, their renewal reminders, and the attempts to send them."""
 
 from __future__ import annotations
 
@@ -79,6 +79,53 @@ class SeatHold(models.Model):
         return f"hold {self.pk} ({self.status})"
 
 
+class Reminder(models.Model):
+    """The renewal reminder of one held seat, due a lead time before the hold expires.
+
+    Cleanup's ``mark-reminders-ready`` policy marks a due pending reminder ready; the
+    sender (``reservations.reminders``) sends each ready one once and marks it sent.
+    Renewing the hold moves ``due_at`` and puts an unsent reminder back to pending;
+    confirming it cancels the reminder.
+
+    ``hold`` has no cascade in Django (DO_NOTHING, no Django constraint), which keeps the
+    hold table's single-statement DELETE; the database's own foreign key (migration
+    0004) deletes a reminder with its hold.
+    """
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        READY = "ready", "Ready to send"
+        SENT = "sent", "Sent"
+        CANCELLED = "cancelled", "Cancelled"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    hold = models.OneToOneField(SeatHold, on_delete=models.DO_NOTHING, db_constraint=False,
+                                related_name="+")
+    learner_ref = models.CharField(max_length=100)
+    due_at = models.DateTimeField()
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            # Items planning and the backlog's age: pending reminders by due time.
+            models.Index(fields=["due_at", "id"], condition=Q(state="pending"),
+                         name="reminder_pending_by_due"),
+            # Range planning: pending ids in order, from the index alone.
+            models.Index(fields=["id"], include=["due_at"], condition=Q(state="pending"),
+                         name="reminder_pending_by_id"),
+            # The sender takes ready reminders oldest due first.
+            models.Index(fields=["due_at", "id"], condition=Q(state="ready"),
+                         name="reminder_ready_by_due"),
+        ]
+
+    def __str__(self) -> str:
+        return f"reminder {self.pk} for hold {self.hold_id} ({self.state})"
+
+
 class ReminderAttempt(models.Model):
     """A reminder sent to a learner about an expiring hold; purged after retention.
 
@@ -91,6 +138,8 @@ class ReminderAttempt(models.Model):
     learner_ref = models.CharField(max_length=100)
     channel = models.CharField(max_length=20, default="email")
     sent_at = models.DateTimeField(default=timezone.now)
+    # The sent message's Message-ID: the same for every send of one reminder's due time.
+    message_id = models.CharField(max_length=200, blank=True, db_default="")
 
     class Meta:
         indexes = [

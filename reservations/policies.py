@@ -5,12 +5,14 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.db.models import Q
+from django.db.models.functions import Now
 
 from cleanup.policies import ITEMS, RANGE, Policy, register
 from reservations.conf import conf
 
 EXPIRE_HOLDS = "expire-holds"
 PURGE_REMINDERS = "purge-reminder-attempts"
+MARK_REMINDERS_READY = "mark-reminders-ready"
 
 
 def expired_holds(cutoff: datetime) -> Q:
@@ -28,6 +30,10 @@ def reminder_deadline(cutoff: datetime) -> dict[str, datetime]:
 
 def stale_reminders(cutoff: datetime, sent_before: datetime) -> Q:
     return Q(sent_at__lte=sent_before)
+
+
+def due_reminders(cutoff: datetime) -> Q:
+    return Q(state="pending", due_at__lte=cutoff)
 
 
 def register_policies() -> None:
@@ -58,5 +64,20 @@ def register_policies() -> None:
             chunk_size=conf.PURGE_CHUNK_SIZE,
             schedule=conf.PURGE_SCHEDULE,
             eligible_after=reminder_retention,
+        )
+    )
+    register(
+        Policy(
+            name=MARK_REMINDERS_READY,
+            model_label="reservations.Reminder",
+            eligible=due_reminders,
+            observed_field="due_at",
+            partition_field=None,
+            scheme=ITEMS,
+            chunk_size=conf.MARK_READY_CHUNK_SIZE,
+            schedule=conf.MARK_READY_SCHEDULE,
+            # Ready is out of the filter (state='pending'): a second delivery of the
+            # chunk, or a reminder a renewal moved past the cutoff, changes nothing.
+            update={"state": "ready", "ready_at": Now(), "updated_at": Now()},
         )
     )

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from django.db import connection, transaction
 
 from reservations.conf import conf
-from reservations.models import ReminderAttempt, SeatHold, Section, Tenant
+from reservations.models import Reminder, ReminderAttempt, SeatHold, Section, Tenant
 
 BATCH = 100_000
 SECTIONS_PER_TENANT = 4
@@ -25,7 +25,16 @@ FROM (
 ) AS picked
 """
 
-REMINDERS_SQL = """
+# Every held hold seeded gets its pending reminder, as hold_seat would have made it.
+HOLD_REMINDERS_SQL = """
+INSERT INTO {table} (tenant_id, hold_id, learner_ref, due_at, state, created_at, updated_at)
+SELECT tenant_id, id, learner_ref, expires_at - %(lead)s * interval '1 minute', 'pending',
+       now(), now()
+FROM {holds}
+WHERE status = 'held' AND id BETWEEN %(first)s AND %(last)s
+"""
+
+ATTEMPTS_SQL = """
 INSERT INTO {table} (tenant_id, hold_id, learner_ref, channel, sent_at)
 SELECT (%(tenant_ids)s::bigint[])[1 + floor(random() * %(n_tenants)s)::int], g,
        'learner-' || g, 'email',
@@ -34,9 +43,14 @@ FROM generate_series(%(first)s, %(last)s) AS g
 """
 
 
-def seed(*, tenants: int, expired: int, active: int, confirmed: int, reminders: int,
-         random_seed: int, progress: Callable[[str, int, int], None]) -> dict:
-    """Insert the demo rows and return what was created."""
+def seed(*, tenants: int, expired: int, active: int, confirmed: int, attempts: int,
+         random_seed: int, progress: Callable[[str, int, int], None],
+         hold_reminders: bool = True) -> dict:
+    """Insert the demo rows and return what was created.
+
+    Each held hold gets a pending renewal reminder unless ``hold_reminders`` is False;
+    ``attempts`` reminder attempts are spread over twice the retention.
+    """
     day = 86_400
     window = conf.HOLD_MINUTES * 60
     retention = conf.REMINDER_RETENTION_DAYS * day
@@ -49,6 +63,8 @@ def seed(*, tenants: int, expired: int, active: int, confirmed: int, reminders: 
         )
         with connection.cursor() as cursor:
             cursor.execute("SELECT setseed(%s)", [(random_seed % 1000) / 1000])
+            cursor.execute(f'SELECT coalesce(max(id), 0) FROM "{SeatHold._meta.db_table}"')
+            before = cursor.fetchone()[0]
             for what, count, status, offset, spread in (
                 ("expired holds", expired, "held", -day, day - 1),
                 ("active holds", active, "held", 60, window),
@@ -60,16 +76,18 @@ def seed(*, tenants: int, expired: int, active: int, confirmed: int, reminders: 
                     "tenant_ids": [s.tenant_id for s in sections],
                     "section_ids": [s.pk for s in sections],
                 })
-            _batches(cursor, "reminder attempts", reminders, progress, REMINDERS_SQL, {
+            reminders = _remind(cursor, before, expired + active, progress) if hold_reminders else 0
+            _batches(cursor, "reminder attempts", attempts, progress, ATTEMPTS_SQL, {
                 "tenant_ids": [t.pk for t in created], "n_tenants": len(created),
                 "spread": 2 * retention,
             })
     with connection.cursor() as cursor:
         # Fresh statistics, so the planner picks the indexes cleanup relies on.
-        for model in (SeatHold, ReminderAttempt):
+        for model in (SeatHold, Reminder, ReminderAttempt):
             cursor.execute(f'ANALYZE "{model._meta.db_table}"')
     return {"tenants": tenants, "sections": len(sections), "expired": expired,
-            "active": active, "confirmed": confirmed, "reminders": reminders}
+            "active": active, "confirmed": confirmed,
+            "reminders": reminders, "attempts": attempts}
 
 
 def _free_names(count: int) -> list[str]:
@@ -83,10 +101,23 @@ def _free_names(count: int) -> list[str]:
     return names
 
 
+def _remind(cursor, before: int, held: int, progress) -> int:
+    """Pending reminders for the held holds seeded after id ``before``; returns how many."""
+    statement = HOLD_REMINDERS_SQL.format(table=Reminder._meta.db_table,
+                                          holds=SeatHold._meta.db_table)
+    cursor.execute(f'SELECT coalesce(max(id), 0) FROM "{SeatHold._meta.db_table}"')
+    last_id, made = cursor.fetchone()[0], 0
+    for first in range(before + 1, last_id + 1, BATCH):
+        cursor.execute(statement, {"lead": conf.REMINDER_LEAD_MINUTES, "first": first,
+                                   "last": first + BATCH - 1})
+        made += cursor.rowcount
+        progress("reminders", made, held)
+    return made
+
+
 def _batches(cursor, what, count, progress, sql, params) -> None:
     statement = sql.format(
-        table=ReminderAttempt._meta.db_table if "hold_id" in sql else SeatHold._meta.db_table,
-        sections=Section._meta.db_table,
+        table=ReminderAttempt._meta.db_table if sql is ATTEMPTS_SQL else SeatHold._meta.db_table,
     )
     for first in range(1, count + 1, BATCH):
         last = min(first + BATCH - 1, count)

@@ -1,4 +1,9 @@
-"""Hold, renew, confirm and release seats; each takes the row lock it needs."""
+"""Hold, renew, confirm and release seats; each takes the row lock it needs.
+
+Each keeps the hold's renewal reminder in step, in the same transaction: a hold gets
+one when it is made, a renewal moves it, a confirmation cancels it, and releasing the
+hold deletes it with the hold (in the database).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from django.utils import timezone
 
 from reservations.conf import conf
 from reservations.exceptions import HoldNotFound, HoldNotRenewable, SectionFull
-from reservations.models import SeatHold, Section
+from reservations.models import Reminder, SeatHold, Section
 
 
 def hold_seat(section_id: int, learner_ref: str, *, now: datetime | None = None) -> SeatHold:
@@ -21,7 +26,7 @@ def hold_seat(section_id: int, learner_ref: str, *, now: datetime | None = None)
         # take the last seat.
         section = Section.objects.select_for_update().get(pk=section_id)
         _ensure_room(section, now)
-        return SeatHold.objects.create(
+        hold = SeatHold.objects.create(
             tenant_id=section.tenant_id,
             section=section,
             learner_ref=learner_ref,
@@ -29,6 +34,10 @@ def hold_seat(section_id: int, learner_ref: str, *, now: datetime | None = None)
             created_at=now,
             updated_at=now,
         )
+        Reminder.objects.create(tenant_id=hold.tenant_id, hold=hold, learner_ref=learner_ref,
+                                due_at=reminder_due(hold.expires_at), created_at=now,
+                                updated_at=now)
+        return hold
 
 
 def renew_hold(hold_id: int, *, now: datetime | None = None) -> SeatHold:
@@ -49,6 +58,10 @@ def renew_hold(hold_id: int, *, now: datetime | None = None) -> SeatHold:
         hold.expires_at = now + _window()
         hold.updated_at = now
         hold.save(update_fields=["expires_at", "updated_at"])
+        # Not sent yet: due again before the new expiry. Sent: the learner was reminded.
+        _unsent_reminder(hold).update(due_at=reminder_due(hold.expires_at),
+                                      state=Reminder.State.PENDING, ready_at=None,
+                                      updated_at=now)
         return hold
 
 
@@ -65,13 +78,15 @@ def confirm_hold(hold_id: int, *, now: datetime | None = None) -> SeatHold:
         hold.status = SeatHold.Status.CONFIRMED
         hold.updated_at = now
         hold.save(update_fields=["status", "updated_at"])
+        _unsent_reminder(hold).update(state=Reminder.State.CANCELLED, updated_at=now)
         return hold
 
 
 def release_hold(hold_id: int) -> bool:
     """Give a held seat back at once (the learner's own action); False if already gone.
 
-    Scheduled cleanup is only the backstop for holds nobody released.
+    Scheduled cleanup is only the backstop for holds nobody released. The database
+    deletes the hold's reminder with it.
     """
     deleted, _ = SeatHold.objects.filter(pk=hold_id, status=SeatHold.Status.HELD).delete()
     if not deleted and SeatHold.objects.filter(pk=hold_id).exists():
@@ -100,6 +115,20 @@ def _locked_hold(hold_id: int) -> SeatHold:
     if hold is None:
         raise HoldNotFound(hold_id)
     return hold
+
+
+def reminder_due(expires_at: datetime) -> datetime:
+    """When the reminder of a hold expiring at ``expires_at`` is due."""
+    return expires_at - reminder_lead()
+
+
+def reminder_lead() -> timedelta:
+    return timedelta(minutes=conf.REMINDER_LEAD_MINUTES)
+
+
+def _unsent_reminder(hold: SeatHold):
+    return Reminder.objects.filter(hold_id=hold.pk,
+                                   state__in=(Reminder.State.PENDING, Reminder.State.READY))
 
 
 def _window() -> timedelta:

@@ -331,7 +331,7 @@ def test_replay_view_of_unknown_run_redirects_with_a_message(admin_client):
 def test_schedule_rows_are_untouched_by_the_console(admin_client):
     install_schedules()
     admin_client.get(OVERVIEW)
-    assert Schedule.objects.count() == 8
+    assert Schedule.objects.count() == 10
 
 
 def test_a_run_still_planning_shows_how_far_it_has_got(admin_client, section, settings,

@@ -14,7 +14,7 @@ from django_q.models import OrmQ
 
 from cleanup.models import Chunk, Run
 from cleanup.worker import apply_chunk
-from reservations.models import ReminderAttempt, SeatHold
+from reservations.models import Reminder, ReminderAttempt, SeatHold
 
 pytestmark = pytest.mark.django_db
 
@@ -168,10 +168,11 @@ def test_schedule_command_twice_changes_nothing(db):
     first = run_json("cleanup_schedule")
     second = run_json("cleanup_schedule")
     assert first["created"] == [
-        "cleanup:expire-holds", "cleanup:purge-cleanup-chunks", "cleanup:purge-cleanup-runs",
+        "cleanup:expire-holds", "cleanup:mark-reminders-ready",
+        "cleanup:purge-cleanup-chunks", "cleanup:purge-cleanup-runs",
         "cleanup:purge-cleanup-slots", "cleanup:purge-reminder-attempts",
         "cleanup:purge-task-results",
-        "cleanup:reconcile", "cleanup:heartbeat",
+        "cleanup:send-reminders", "cleanup:reconcile", "cleanup:heartbeat",
     ]
     assert second["unchanged"] == first["created"]
     assert second["created"] == second["updated"] == second["removed"] == []
@@ -180,14 +181,27 @@ def test_schedule_command_twice_changes_nothing(db):
 def test_seed_reservations_creates_the_requested_rows(db):
     out = StringIO()
     call_command("seed_reservations", "--tenants", "2", "--expired", "30", "--active", "20",
-                 "--confirmed", "5", "--reminders", "10", "--seed", "7", stdout=out)
+                 "--confirmed", "5", "--reminder-attempts", "10", "--seed", "7", stdout=out)
     now = timezone.now()
     holds = SeatHold.objects
     assert holds.filter(status="held", expires_at__lte=now).count() == 30
     assert holds.filter(status="held", expires_at__gt=now).count() == 20
     assert holds.filter(status="confirmed").count() == 5
     assert ReminderAttempt.objects.count() == 10
-    assert "Seeded 2 tenants" in out.getvalue()
+    # Each held hold has its pending reminder, due the lead before the hold expires.
+    lead = timedelta(minutes=5)
+    reminders = Reminder.objects.filter(state="pending")
+    assert sorted(reminders.values_list("hold_id", flat=True)) == sorted(
+        holds.filter(status="held").values_list("pk", flat=True))
+    assert all(r.due_at == SeatHold.objects.get(pk=r.hold_id).expires_at - lead
+               for r in reminders)
+    assert "50 pending reminders, 10 reminder attempts" in out.getvalue()
+
+
+def test_seed_reservations_takes_the_old_spelling_of_reminder_attempts(db):
+    call_command("seed_reservations", "--tenants", "1", "--expired", "1", "--active", "0",
+                 "--reminders", "3", stdout=StringIO())
+    assert ReminderAttempt.objects.count() == 3
 
 
 def test_seed_reservations_refuses_bad_counts(db):

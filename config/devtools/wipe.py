@@ -8,7 +8,7 @@ from django.db import connection
 from django_q.models import Schedule
 
 from reservations.management.wiping import confirm_wipe
-from reservations.models import ReminderAttempt, SeatHold, Section, Tenant
+from reservations.models import Reminder, ReminderAttempt, SeatHold, Section, Tenant
 
 
 def guard(tool: str, interactive: bool) -> None:
@@ -28,6 +28,6 @@ def guard(tool: str, interactive: bool) -> None:
 def wipe_reservations() -> None:
     """Empty the reservation tables (after ``guard``)."""
     with connection.cursor() as cursor:
-        for model in (ReminderAttempt, SeatHold, Section, Tenant):
+        for model in (Reminder, ReminderAttempt, SeatHold, Section, Tenant):
             # CASCADE: the tables reference each other; all of them are emptied.
             cursor.execute(f'TRUNCATE "{model._meta.db_table}" CASCADE')

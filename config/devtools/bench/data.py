@@ -60,8 +60,8 @@ def seed_template(preset: Preset, progress: Callable[[str, int, int], None]):
     wipe()
     rest = preset.total - preset.expired
     seeding.seed(tenants=preset.tenants, expired=preset.expired, active=rest * 3 // 4,
-                 confirmed=rest - rest * 3 // 4, reminders=0, random_seed=1,
-                 progress=progress)
+                 confirmed=rest - rest * 3 // 4, attempts=0, random_seed=1,
+                 progress=progress, hold_reminders=False)
     with connection.cursor() as cursor:
         cursor.execute(CREATE_TEMPLATE)
     return timezone.now()
@@ -74,7 +74,7 @@ def restore(seeded_at) -> bool:
     of the refill is not flushed during the next contender.
     """
     with connection.cursor() as cursor:
-        cursor.execute(f'TRUNCATE "{SeatHold._meta.db_table}"')
+        cursor.execute(f'TRUNCATE "{SeatHold._meta.db_table}" CASCADE')
         cursor.execute(REFILL, {"shift": timezone.now() - seeded_at})
         cursor.execute(f'VACUUM ANALYZE "{SeatHold._meta.db_table}"')
         try:

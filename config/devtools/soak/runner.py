@@ -212,7 +212,7 @@ def _seed(duration: float) -> dict:
     operations.cancel(Run.objects.filter(state=Run.State.RUNNING).values_list("pk", flat=True),
                       actor="soak")
     wipe_reservations()
-    counts = seeding.seed(tenants=3, expired=600, active=0, confirmed=50, reminders=1500,
+    counts = seeding.seed(tenants=3, expired=600, active=0, confirmed=50, attempts=1500,
                           random_seed=7, progress=lambda *a: None)
     # Holds that expire while the soak runs, so every run finds fresh work.
     now = timezone.now()
@@ -227,7 +227,7 @@ def _seed(duration: float) -> dict:
     ReminderAttempt.objects.create(tenant=tenant, hold_id=0, learner_ref="poison",
                                    channel=POISON_CHANNEL, sent_at=now - timedelta(hours=1))
     return {"holds": counts["expired"] + counts["confirmed"] + expiring,
-            "reminders": counts["reminders"]}
+            "reminders": counts["attempts"]}
 
 
 def _report(broker, duration, started_at, seeded, log, injector, final, poison_run,

@@ -1,0 +1,98 @@
+"""Send ready renewal reminders, each once: the scheduled sender.
+
+Each reminder is one transaction: lock it (skipping any another sender holds), send
+its mail, record the attempt and mark it sent, then commit. A crash after the mail
+left and before the commit leaves the reminder ready, so it is sent again; the second
+mail carries the same Message-ID, which lets a provider drop it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, datetime
+from email.utils import parseaddr
+
+import structlog
+from django.conf import settings
+from django.core.mail import EmailMessage
+from django.db import transaction
+from django.utils import timezone
+
+from reservations.conf import conf
+from reservations.models import Reminder, ReminderAttempt, SeatHold
+from reservations.services import reminder_due, reminder_lead
+
+log = structlog.get_logger("reservations.reminders")
+
+SENT = "sent"
+# Why a ready reminder was not sent (the counts send_ready_reminders returns).
+HOLD_GONE = "hold_gone"
+CONFIRMED = "confirmed"
+EXPIRED = "expired"
+RENEWED = "renewed"
+
+
+def send_ready_reminders(*, batch: int | None = None) -> dict[str, int]:
+    """Send up to ``batch`` ready reminders (RESERVATIONS_REMINDER_SEND_BATCH), oldest
+    due first; return how many were sent and why the others were not.
+
+    A mail that cannot be sent stops the batch with its error, the reminder still
+    ready for the next run.
+    """
+    outcomes: Counter = Counter()
+    for _ in range(batch or conf.REMINDER_SEND_BATCH):
+        with transaction.atomic():
+            reminder = (Reminder.objects.select_for_update(skip_locked=True)
+                        .filter(state=Reminder.State.READY).order_by("due_at", "pk").first())
+            if reminder is None:
+                break
+            outcome = _deliver(reminder, timezone.now())
+        outcomes[outcome] += 1
+    if outcomes:
+        log.info("reminders sent", **outcomes)
+    return dict(outcomes)
+
+
+def message_id(reminder: Reminder) -> str:
+    """The Message-ID of a reminder's mail: one per reminder and due time, whichever
+    worker sends it, so a provider can drop a second send of the same mail."""
+    domain = parseaddr(settings.DEFAULT_FROM_EMAIL)[1].rpartition("@")[2] or "localhost"
+    due = reminder.due_at.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"<reminder-{reminder.pk}-{due}@{domain}>"
+
+
+def _deliver(reminder: Reminder, now: datetime) -> str:
+    """Send one locked ready reminder, or set it aside; returns the outcome."""
+    hold = SeatHold.objects.filter(pk=reminder.hold_id).values("status", "expires_at").first()
+    if hold is None or hold["status"] != SeatHold.Status.HELD or hold["expires_at"] <= now:
+        outcome = (HOLD_GONE if hold is None else CONFIRMED
+                   if hold["status"] != SeatHold.Status.HELD else EXPIRED)
+        _set(reminder, state=Reminder.State.CANCELLED, updated_at=now)
+        return outcome
+    if hold["expires_at"] - reminder_lead() > now:
+        # Renewed after it was marked: due again before the new expiry.
+        _set(reminder, state=Reminder.State.PENDING, due_at=reminder_due(hold["expires_at"]),
+             ready_at=None, updated_at=now)
+        return RENEWED
+    key = message_id(reminder)
+    _mail(reminder, hold["expires_at"], key).send()
+    ReminderAttempt.objects.create(tenant_id=reminder.tenant_id, hold_id=reminder.hold_id,
+                                   learner_ref=reminder.learner_ref, channel="email",
+                                   sent_at=now, message_id=key)
+    _set(reminder, state=Reminder.State.SENT, sent_at=now, updated_at=now)
+    return SENT
+
+
+def _mail(reminder: Reminder, expires_at: datetime, key: str) -> EmailMessage:
+    expiry = expires_at.astimezone(UTC).strftime("%H:%M UTC")
+    return EmailMessage(
+        subject=f"Your seat hold expires at {expiry}",
+        body=(f"Your held seat expires at {expiry}. Renew the hold before then to keep "
+              "the seat, or confirm it to make it yours."),
+        to=[conf.LEARNER_EMAIL.format(learner_ref=reminder.learner_ref)],
+        headers={"Message-ID": key},
+    )
+
+
+def _set(reminder: Reminder, **fields) -> None:
+    Reminder.objects.filter(pk=reminder.pk).update(**fields)
