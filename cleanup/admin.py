@@ -10,7 +10,7 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, F, Q, Sum
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -64,7 +64,7 @@ def run_totals(run: Run) -> dict:
         "position_percent": None if summary["position"] is None
         else round(100 * summary["position"]),
         "seconds": round(seconds, 1),
-        "rate": round(summary["rows_deleted"] / seconds) if seconds > 0 else None,
+        "rate": round(summary["rows_changed"] / seconds) if seconds > 0 else None,
         "dead": summary["chunks"]["dead_lettered"],
     }
 
@@ -168,7 +168,7 @@ class RunAdmin(LedgerAdmin):
     # Fits a 1366 px laptop with the sidebar open: two-line cells for what belongs
     # together, the cutoff to the second (exact in its title and on the run page).
     list_display = ("short_id", "policy_scheme", "cutoff_short", "state_badge", "progress",
-                    "rows_deleted", "dead_letters", "duration")
+                    "rows_changed", "dead_letters", "duration")
     list_filter = ("policy", FoundWorkFilter, "state", "trigger")
     search_fields = ("dispatch_key",)
     actions = ["replay_runs", "cancel_runs"]
@@ -182,7 +182,7 @@ class RunAdmin(LedgerAdmin):
         return super().get_queryset(request).annotate(
             done=Count("chunks", filter=Q(chunks__state__in=Chunk.DONE)),
             dead=Count("chunks", filter=Q(chunks__state=Chunk.State.DEAD_LETTERED)),
-            deleted=Sum("chunks__rows_deleted", default=0),
+            changed=Sum(F("chunks__rows_deleted") + F("chunks__rows_updated"), default=0),
         )
 
     @admin.display(description="run", ordering="created_at")
@@ -251,9 +251,10 @@ class RunAdmin(LedgerAdmin):
             parts.append(f"about {left:,} rows to go")
         return ", ".join(parts)
 
-    @admin.display(description="deleted", ordering="deleted")
-    def rows_deleted(self, run):
-        return run.deleted
+    @admin.display(description="changed", ordering="changed")
+    def rows_changed(self, run):
+        """Rows the run's chunks deleted or, for an update policy, updated."""
+        return run.changed
 
     @admin.display(description="dead", ordering="dead")
     def dead_letters(self, run):
@@ -408,7 +409,7 @@ class ChunkStateFilter(admin.SimpleListFilter):
 @admin.register(Chunk)
 class ChunkAdmin(LedgerAdmin):
     # A short label (#12) beside its run's short id; fits a 1366 px laptop.
-    list_display = ("label", "state_badge", "failure", "tries", "deleted", "error", "when")
+    list_display = ("label", "state_badge", "failure", "tries", "changed", "error", "when")
     list_display_links = None  # the label links to the chunk, its second line to the run
     list_filter = (ChunkStateFilter, "failure_class", "run__policy")
     list_select_related = ("run",)
@@ -417,7 +418,7 @@ class ChunkAdmin(LedgerAdmin):
         (None, {"fields": ("run_link", "chunk_id", "state", "planned_rows")}),
         ("Failure", {"fields": ("failure_class", "reason", "last_error_text",
                                 "discard_reason")}),
-        ("Outcome", {"fields": ("rows_deleted", "items_skipped", "deliveries",
+        ("Outcome", {"fields": ("rows_deleted", "rows_updated", "items_skipped", "deliveries",
                                 "deliveries_completed", "noop_deliveries", "failures",
                                 "transient_retries", "dead_letters")}),
         ("Message", {"fields": ("message_as_sent", "message_received")}),
@@ -468,9 +469,10 @@ class ChunkAdmin(LedgerAdmin):
     def tries(self, chunk):
         return chunk.deliveries
 
-    @admin.display(description="deleted", ordering="rows_deleted")
-    def deleted(self, chunk):
-        return chunk.rows_deleted
+    @admin.display(description="changed")
+    def changed(self, chunk):
+        """Rows deleted or, for an update policy, updated."""
+        return chunk.rows_changed
 
     @admin.display(description="failure", ordering="failure_class")
     def failure(self, chunk):

@@ -10,6 +10,7 @@ from collections import defaultdict
 
 from django.db import IntegrityError, models, transaction
 from django.db.models import Count, F, Q, Sum, Value
+from django.db.models.lookups import LessThanOrEqual
 
 from cleanup.models import Chunk, LedgerTotal, Run
 
@@ -18,10 +19,13 @@ ROWS_BUCKETS = (0, 1, 10, 50, 100, 250, 500, 1000, 2500, 5000)
 
 _committed = Q(committed_at__isnull=False)
 _timed = _committed & Q(duration_ms__isnull=False)
+# What a chunk's statement changed, whichever its policy's mutation.
+_changed = F("rows_deleted") + F("rows_updated")
 
 CHUNK_SUMS = {
     "deliveries": Sum("deliveries"),
     "rows_deleted": Sum("rows_deleted"),
+    "rows_updated": Sum("rows_updated"),
     "noop": Sum("noop_deliveries"),
     "items_skipped": Sum("items_skipped"),
     "retryable_failures": Sum("transient_retries") + Sum("failures"),
@@ -32,9 +36,10 @@ CHUNK_SUMS = {
     "duration_sum_ms": Sum("duration_ms", filter=_timed),
     **{f"duration_le_{b}": Count("pk", filter=_timed & Q(duration_ms__lte=b))
        for b in DURATION_BUCKETS_MS},
+    # The rows histogram counts rows changed (deleted, or updated).
     "rows_count": Count("pk", filter=_committed),
-    "rows_sum": Sum("rows_deleted", filter=_committed),
-    **{f"rows_le_{b}": Count("pk", filter=_committed & Q(rows_deleted__lte=b))
+    "rows_sum": Sum(_changed, filter=_committed),
+    **{f"rows_le_{b}": Count("pk", filter=_committed & Q(LessThanOrEqual(_changed, b)))
        for b in ROWS_BUCKETS},
 }
 

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 import structlog
 from django.db import IntegrityError, transaction
-from django.db.models import Q, Sum
+from django.db.models import F, Q, Sum
 from django.utils import timezone
 from django_q.conf import Conf
 
@@ -175,7 +175,7 @@ def apply_in_process(run: Run, progress: Callable[[int, int], None] | None = Non
             transitions.acknowledge(Q(pk=chunk.pk))
             applied += 1
             if progress is not None:
-                progress(applied, _rows_deleted(run))
+                progress(applied, _rows_changed(run))
     run.refresh_from_db()
     if run.state == Run.State.RUNNING and not run.planned_all:
         # The policy's other runs hold the window: hand the rest of this one to the
@@ -186,8 +186,9 @@ def apply_in_process(run: Run, progress: Callable[[int, int], None] | None = Non
         log.info("run handed to the queue", run_id=str(run.id), policy=run.policy)
 
 
-def _rows_deleted(run: Run) -> int:
-    return Chunk.objects.filter(run=run).aggregate(n=Sum("rows_deleted"))["n"] or 0
+def _rows_changed(run: Run) -> int:
+    changed = F("rows_deleted") + F("rows_updated")
+    return Chunk.objects.filter(run=run).aggregate(n=Sum(changed))["n"] or 0
 
 
 def _in_flight(policy: Policy, within: timedelta) -> Run | None:

@@ -32,6 +32,8 @@ COUNTERS = [
      "chunks_published"),
     ("cleanup_deliveries", "Chunk deliveries started.", "deliveries"),
     ("cleanup_rows_deleted", "Rows deleted by chunks.", "rows_deleted"),
+    ("cleanup_rows_updated", "Rows updated by the chunks of update policies.", "rows_updated"),
+    ("cleanup_rows_changed", "Rows changed by chunks: deleted, or updated.", "rows_changed"),
     ("cleanup_noop", "Deliveries that changed nothing (duplicates, replays, nothing eligible).",
      "noop"),
     ("cleanup_items_skipped",
@@ -67,7 +69,11 @@ class LedgerCollector:
         for name, help_text, key in COUNTERS:
             family = CounterMetricFamily(name, help_text, labels=["policy"])
             for policy in policies:
-                family.add_metric([policy], sums[policy][key])
+                values = sums[policy]
+                # Summed here, so rows deleted before the ledger kept updates count too.
+                value = (values["rows_deleted"] + values["rows_updated"]
+                         if key == "rows_changed" else values[key])
+                family.add_metric([policy], value)
             yield family
         dead = CounterMetricFamily(
             "cleanup_dead_lettered",
@@ -90,7 +96,8 @@ class LedgerCollector:
             "cleanup_chunk_transaction_seconds",
             "Duration of the transaction that committed each chunk (up to its last write).",
             labels=["policy"])
-        rows = HistogramMetricFamily("cleanup_chunk_rows", "Rows deleted per committed chunk.",
+        rows = HistogramMetricFamily("cleanup_chunk_rows",
+                                     "Rows changed (deleted or updated) per committed chunk.",
                                      labels=["policy"])
         for policy in policies:
             values = sums[policy]

@@ -205,6 +205,11 @@ class Chunk(models.Model):
     def __str__(self) -> str:
         return f"chunk #{self.chunk_id} of run {str(self.run_id)[:8]}"
 
+    @property
+    def rows_changed(self) -> int:
+        """What the chunk's statement changed: rows deleted, or updated."""
+        return self.rows_deleted + self.rows_updated
+
 
 class OrphanMessage(models.Model):
     """A dead-lettered message that no chunk took: it names no chunk this database

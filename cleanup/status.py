@@ -10,8 +10,9 @@ from django.db.models import CharField, Count, Sum
 from django.db.models.functions import Cast
 
 from cleanup import planning
-from cleanup.exceptions import CleanupError, UnknownRun
+from cleanup.exceptions import CleanupError, UnknownPolicy, UnknownRun
 from cleanup.models import Chunk, Run
+from cleanup.policies import get_policy
 
 PREFIX = re.compile(r"[0-9a-f-]+")
 # The shortest prefix of a run id taken: the admin shows eight characters.
@@ -47,21 +48,36 @@ def latest_run() -> Run:
     return run
 
 
+def mutation(run: Run, rows_updated: int = 0) -> str:
+    """``delete`` or ``update``: what the run's chunks do to the rows they change (for a
+    policy no longer registered, what they did)."""
+    try:
+        return get_policy(run.policy).mutation
+    except UnknownPolicy:
+        return "update" if rows_updated else "delete"
+
+
 def run_summary(run: Run) -> dict:
-    """Return the run's fields and its chunks' totals, JSON-safe."""
+    """Return the run's fields and its chunks' totals, JSON-safe.
+
+    ``rows_changed`` is what the run's mutation changed: rows deleted, or updated.
+    """
     chunks = Chunk.objects.filter(run=run)
     by_state = dict.fromkeys(Chunk.State.values, 0)
     by_state.update(chunks.values_list("state").annotate(n=Count("pk")).order_by())
     totals = chunks.aggregate(
         rows_deleted=Sum("rows_deleted"),
+        rows_updated=Sum("rows_updated"),
         items_skipped=Sum("items_skipped"),
         noops=Sum("noop_deliveries"),
         deliveries=Sum("deliveries"),
         failures=Sum("failures"),
     )
+    totals = {name: value or 0 for name, value in totals.items()}
     return {
         "run_id": str(run.id),
         "policy": run.policy,
+        "mutation": mutation(run, totals["rows_updated"]),
         "scheme": run.scheme,
         "state": run.state,
         "trigger": run.trigger,
@@ -79,7 +95,8 @@ def run_summary(run: Run) -> dict:
         "chunk_size": run.chunk_size,
         "next_chunk_size": run.next_chunk_size,
         "chunks": {**by_state, "total": sum(by_state.values())},
-        **{name: value or 0 for name, value in totals.items()},
+        "rows_changed": totals["rows_deleted"] + totals["rows_updated"],
+        **totals,
         "created_at": run.created_at.isoformat(),
         "finished_at": run.finished_at.isoformat() if run.finished_at else None,
     }

@@ -130,6 +130,8 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) ->
         chunk_id=message.chunk_id,
         policy=policy.name,
         outcome=str(outcome),
+        mutation=policy.mutation,
+        rows_changed=deleted + updated,
         rows_deleted=deleted,
         rows_updated=updated,
         planned_rows=current.planned_rows,

@@ -11,10 +11,12 @@ class ReservationsConfig(AppConfig):
 
         from cleanup.schedules import register_task
         from reservations.conf import conf
+        from reservations.metrics import register_collector
         from reservations.policies import register_policies
         from reservations.timestamps import install_loaders
 
         register_policies()
+        register_collector()
         register_task("send-reminders", "reservations.reminders.send_ready_reminders",
                       conf.REMINDER_SEND_SCHEDULE)
         connection_created.connect(install_loaders, dispatch_uid="reservations.timestamps")

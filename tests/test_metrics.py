@@ -155,13 +155,17 @@ def test_figures_are_right_when_a_qcluster_process_does_the_work(client, qcluste
 
 def test_each_metric_is_declared_once_and_alerts_use_only_real_series(client):
     families = [f.name for f in text_string_to_metric_families(
-        client.get("/metrics").content.decode()) if f.name.startswith("cleanup_")]
+        client.get("/metrics").content.decode())
+        if f.name.startswith(("cleanup_", "reservations_"))]
     assert len(families) == len(set(families))
     names = {n for (n, _) in scrape(client)} | set(families)
     used = set()
     for path in ("deploy/prometheus/cleanup-alerts.yml", "deploy/grafana/cleanup-dashboard.json"):
-        used |= set(re.findall(r"\bcleanup_[a-z_]+", (ROOT / path).read_text()))
-    used.discard("cleanup_")
+        used |= set(re.findall(r"\b(?:cleanup|reservations)_[a-z_]+",
+                               (ROOT / path).read_text()))
+    used -= {"cleanup_", "reservations_"}
+    assert {"reservations_reminders_oldest_due_unsent_age_seconds",
+            "cleanup_rows_changed_total"} <= used
     assert used - names == set()
 
 
@@ -207,3 +211,54 @@ def test_json_log_lines_carry_the_ids(expired_holds):
     assert outcome["policy"] == "expire-holds" and outcome["rows_deleted"] == 5
     dispatched = next(e for e in events if e["event"] == "dispatched")
     assert dispatched["dispatch_key"].startswith("command:")
+
+
+def test_an_update_policy_counts_rows_updated_and_changed_and_no_rows_deleted(client, section):
+    from reservations.services import hold_seat
+
+    for n in range(3):  # each reminder due two minutes ago, its hold not yet expired
+        hold_seat(section.pk, f"learner-{n}", now=timezone.now() - timedelta(minutes=13))
+    before = scrape(client)
+    dispatch("mark-reminders-ready", sync=True)
+    after = scrape(client)
+    marks = {"policy": "mark-reminders-ready"}
+    assert delta(before, after, "cleanup_rows_updated_total", **marks) == 3
+    assert delta(before, after, "cleanup_rows_changed_total", **marks) == 3
+    assert delta(before, after, "cleanup_rows_deleted_total", **marks) == 0
+    assert delta(before, after, "cleanup_chunk_rows_sum", **marks) == 3
+    # A delete policy's rows changed are its rows deleted.
+    SeatHoldFactory.create_batch(2, section=section, expired=True)
+    dispatch("expire-holds", sync=True)
+    later = scrape(client)
+    assert delta(after, later, "cleanup_rows_changed_total", **HOLDS) == 2
+    assert delta(after, later, "cleanup_rows_deleted_total", **HOLDS) == 2
+
+
+def test_the_reminder_backlog_shows_due_unsent_reminders_by_state_and_age(client, section):
+    from reservations.reminders import send_ready_reminders
+    from reservations.services import hold_seat
+
+    # Holds made 12 minutes ago expire in 3 minutes: their reminders fell due 2 minutes ago.
+    for n in range(2):
+        hold_seat(section.pk, f"learner-{n}", now=timezone.now() - timedelta(minutes=12))
+    hold_seat(section.pk, "not-due-yet")
+    samples = scrape(client)
+    pending, ready = {"state": "pending"}, {"state": "ready"}
+    assert value(samples, "reservations_reminders_due_unsent", **pending) == 2
+    assert value(samples, "reservations_reminders_due_unsent", **ready) == 0
+    age = value(samples, "reservations_reminders_oldest_due_unsent_age_seconds", **pending)
+    assert 120 <= age < 150
+    # Minutely marking and sending, plus the 120-second scheduler grace.
+    assert value(samples, "reservations_reminder_late_limit_seconds") == 240
+
+    dispatch("mark-reminders-ready", sync=True)
+    samples = scrape(client)
+    assert value(samples, "reservations_reminders_due_unsent", **pending) == 0
+    assert value(samples, "reservations_reminders_due_unsent", **ready) == 2
+    assert value(samples, "reservations_reminders_oldest_due_unsent_age_seconds",
+                 **ready) >= 120
+
+    assert send_ready_reminders() == {"sent": 2}
+    samples = scrape(client)
+    assert value(samples, "reservations_reminders_due_unsent", **ready) == 0
+    assert value(samples, "reservations_reminders_oldest_due_unsent_age_seconds", **ready) == 0

@@ -62,7 +62,7 @@ class Command(CleanupCommand):
         }
 
     def _progress(self, chunks: int, rows: int) -> None:
-        self.stderr.write(f"\rApplied {count(chunks, 'chunk')}, {count(rows, 'row')} deleted",
+        self.stderr.write(f"\rApplied {count(chunks, 'chunk')}, {count(rows, 'row')} changed",
                           ending="", style_func=str)
         self.stderr.flush()
 

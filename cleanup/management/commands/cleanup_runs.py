@@ -45,13 +45,13 @@ class Command(CleanupCommand):
             return ("No runs match." if result["total"] == 0 and Run.objects.exists()
                     else "No runs yet: nothing has been dispatched.")
         lines = [f"{'run':<10}{'policy':<26}{'scheme':<8}{'state':<30}{'chunks':>12}"
-                 f"{'deleted':>10}  created"]
+                 f"{'changed':>10}  created"]
         for run in result["runs"]:
             chunks = f"{run['chunks']['done']}/{run['chunks']['total']}"
             if not run["planned_all"]:
                 chunks += "+"
             lines.append(f"{run['run_id'][:8]:<10}{run['policy']:<26}{run['scheme']:<8}"
-                         f"{run['state']:<30}{chunks:>12}{run['rows_deleted']:>10}  "
+                         f"{run['state']:<30}{chunks:>12}{run['rows_changed']:>10}  "
                          f"{run['created_at'][:19]}")
         shown = len(result["runs"])
         if result["total"] > shown:
@@ -79,6 +79,8 @@ def _row(run: Run) -> dict:
         "state": run.state, "trigger": run.trigger, "cutoff": summary["cutoff"],
         "planned_all": run.planned_all,
         "chunks": {**by_state, "done": done},
-        "rows_deleted": summary["rows_deleted"], "created_at": summary["created_at"],
+        "mutation": summary["mutation"], "rows_changed": summary["rows_changed"],
+        "rows_deleted": summary["rows_deleted"], "rows_updated": summary["rows_updated"],
+        "created_at": summary["created_at"],
         "finished_at": summary["finished_at"],
     }

@@ -25,7 +25,8 @@ class Command(CleanupCommand):
             f"  cutoff {result['cutoff']}, {count(result['candidates'], 'candidate')}, "
             f"{count(result['chunks_planned'], 'chunk')}" + _planning(result),
             f"  chunks: {chunks or 'none'}",
-            f"  {result['rows_deleted']} rows deleted, {result['items_skipped']} skipped "
+            f"  {count(result['rows_changed'], 'row')} {result['mutation']}d, "
+            f"{result['items_skipped']} skipped "
             f"(no longer eligible), {result['noops']} no-op deliveries of "
             f"{result['deliveries']}",
         ]

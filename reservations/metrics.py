@@ -1,0 +1,75 @@
+"""The reminders' business backlog on /metrics: reminders due and not sent yet.
+
+A pending one waits for mark-reminders-ready, a ready one for the sender. Either is
+late once older than the two schedules' periods plus the scheduler's grace: then a
+learner may see the hold expire before the reminder arrives.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db.models import Min
+from django.utils import timezone
+from prometheus_client.core import GaugeMetricFamily
+
+from cleanup.conf import conf as cleanup_conf
+from cleanup.triggers import period
+from reservations.conf import conf
+from reservations.models import Reminder
+
+# Counting stops here: the number says "at least this many" past it, and a scrape
+# never reads more of the index than this.
+COUNT_CAP = 100_000
+UNSENT = (Reminder.State.PENDING, Reminder.State.READY)
+
+
+def late_limit(now) -> timedelta:
+    """How long after its due time a reminder may still be unsent."""
+    return (period(conf.MARK_READY_SCHEDULE, now) + period(conf.REMINDER_SEND_SCHEDULE, now)
+            + timedelta(seconds=cleanup_conf.SCHEDULE_GRACE_SECONDS))
+
+
+class ReminderCollector:
+    """A prometheus_client collector over the reminders table."""
+
+    def describe(self):
+        return list(self._families())
+
+    def collect(self):
+        now = timezone.now()
+        count, oldest, limit = self._families()
+        for state in UNSENT:
+            due = Reminder.objects.filter(state=state, due_at__lte=now)
+            count.add_metric([state], due[:COUNT_CAP].count())
+            first = due.aggregate(first=Min("due_at"))["first"]
+            oldest.add_metric([state], (now - first).total_seconds() if first else 0.0)
+        limit.add_metric([], late_limit(now).total_seconds())
+        yield from (count, oldest, limit)
+
+    def _families(self):
+        return (
+            GaugeMetricFamily(
+                "reservations_reminders_due_unsent",
+                f"Reminders past their due time and not sent, by state (counted up to "
+                f"{COUNT_CAP}).", labels=["state"]),
+            GaugeMetricFamily(
+                "reservations_reminders_oldest_due_unsent_age_seconds",
+                "How long the oldest unsent reminder in each state has been due (0 when "
+                "none).", labels=["state"]),
+            GaugeMetricFamily(
+                "reservations_reminder_late_limit_seconds",
+                "Due-unsent age past which a reminder is late: the marking and sending "
+                "schedules' periods plus CLEANUP_SCHEDULE_GRACE_SECONDS."),
+        )
+
+
+_collector = ReminderCollector()
+
+
+def register_collector() -> None:
+    """Add the reminder collector to prometheus_client's default registry, once."""
+    from prometheus_client import REGISTRY
+
+    if _collector not in REGISTRY._collector_to_names:
+        REGISTRY.register(_collector)
