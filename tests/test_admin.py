@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -362,3 +363,22 @@ def test_the_preview_is_the_dispatch_dry_run_named_for_the_partition(admin_clien
     assert "<th>Tenant</th>" in page.content.decode()
     whole = admin_client.post(DISPATCH, {"policy": "expire-holds", "_preview": "1"})
     assert "<th>Partition</th>" in whole.content.decode()
+
+
+def test_an_update_run_shows_rows_updated_on_its_page_and_in_the_lists(admin_client, section):
+    from datetime import timedelta
+
+    from reservations.services import hold_seat
+
+    for n in range(2):  # reminders due a minute ago
+        hold_seat(section.pk, f"learner-{n}", now=timezone.now() - timedelta(minutes=11))
+    run = dispatch("mark-reminders-ready", sync=True).run
+    page = admin_client.get(reverse("admin:cleanup_run_change", args=[run.pk])).content.decode()
+    assert "<th>Rows updated</th>" in page and "<th>Rows deleted</th>" not in page
+    assert "<th>Updated</th>" in page
+    listing = admin_client.get(RUNS).content.decode()
+    assert "column-rows_changed" in listing
+    chunk = run.chunks.get()
+    chunks = admin_client.get(reverse("admin:cleanup_chunk_changelist")).content.decode()
+    assert re.search(r'class="field-changed">2<', chunks), chunks
+    assert chunk.rows_changed == chunk.rows_updated == 2

@@ -155,6 +155,38 @@ def test_runs_lists_recent_runs_with_filters_and_says_when_there_are_none(expire
         call_command("cleanup_runs", "--since", "soon")
 
 
+def test_commands_speak_of_rows_updated_for_an_update_policy(section):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from reservations.services import hold_seat
+
+    for n in range(3):  # reminders due a minute ago
+        hold_seat(section.pk, f"learner-{n}", now=timezone.now() - timedelta(minutes=11))
+    marked = dispatch("mark-reminders-ready", sync=True).run
+    SeatHoldFactory.create_batch(2, section=section, expired=True)
+    expired = dispatch("expire-holds", sync=True).run
+
+    status = run_json("cleanup_status", str(marked.pk))
+    assert (status["mutation"], status["rows_changed"], status["rows_updated"],
+            status["rows_deleted"]) == ("update", 3, 3, 0)
+    out = StringIO()
+    call_command("cleanup_status", str(marked.pk), stdout=out)
+    assert "3 rows updated, 0 skipped" in out.getvalue()
+    out = StringIO()
+    call_command("cleanup_status", str(expired.pk), stdout=out)
+    assert "2 rows deleted, 0 skipped" in out.getvalue()
+    listed = {r["policy"]: r for r in run_json("cleanup_runs")["runs"]}
+    assert listed["mark-reminders-ready"]["rows_changed"] == 3
+    assert listed["expire-holds"]["rows_changed"] == listed["expire-holds"]["rows_deleted"] == 2
+    out = StringIO()
+    call_command("cleanup_runs", stdout=out)
+    header, *rows = out.getvalue().splitlines()
+    assert "changed" in header
+    assert any(r.startswith(str(marked.pk)[:8]) and " 3  " in r for r in rows)
+
+
 def test_under_json_an_error_is_a_json_object_on_stderr(db):
     from tests.conftest import manage
 
