@@ -1,4 +1,5 @@
-"""One real cleanup cycle through a qcluster, with learners racing it, and its report."""
+"""One real cleanup cycle through a qcluster, with learners racing it, and its report:
+expired holds deleted, due renewal reminders marked ready and sent, replays no-ops."""
 
 from __future__ import annotations
 
@@ -6,10 +7,15 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from email import message_from_bytes
 from pathlib import Path
+
+from django.db.models import Count
+from django_q.tasks import async_task
 
 from cleanup.dispatch import dispatch
 from cleanup.models import Chunk, Run
@@ -18,8 +24,9 @@ from cleanup.replay import replay
 from cleanup.status import run_summary
 from reservations import seeding
 from reservations.models import Reminder, ReminderAttempt, SeatHold, Section, Tenant
-from reservations.policies import EXPIRE_HOLDS, PURGE_REMINDERS
-from reservations.services import confirm_hold, renew_hold
+from reservations.policies import EXPIRE_HOLDS, MARK_REMINDERS_READY, PURGE_REMINDERS
+from reservations.reminders import message_id
+from reservations.services import confirm_hold, reminder_due, renew_hold
 
 MANAGE = Path(__file__).resolve().parent.parent / "manage.py"
 
@@ -28,6 +35,7 @@ MANAGE = Path(__file__).resolve().parent.parent / "manage.py"
 class DemoReport:
     runs: list[dict] = field(default_factory=list)
     racing: dict = field(default_factory=dict)
+    reminders: dict = field(default_factory=dict)
     checks: dict = field(default_factory=dict)
 
     @property
@@ -37,7 +45,8 @@ class DemoReport:
 
 def run_demo(*, expired: int, active: int, racers: int, timeout: float,
              say: Callable[[str], None]) -> DemoReport:
-    """Seed, dispatch both policies, renew and confirm some candidates, let a qcluster work."""
+    """Seed, dispatch the policies, renew and confirm some candidates, let a qcluster work,
+    have it send the reminders marked ready."""
     for model in (Reminder, SeatHold, ReminderAttempt, Section, Tenant):
         model.objects.all().delete()
     seeding.seed(tenants=3, expired=expired, active=active, confirmed=expired // 10,
@@ -45,22 +54,35 @@ def run_demo(*, expired: int, active: int, racers: int, timeout: float,
     say(f"Seeded {expired} expired and {active} active holds.")
 
     holds_run = dispatch(EXPIRE_HOLDS).run
-    reminders_run = dispatch(PURGE_REMINDERS).run
+    attempts_run = dispatch(PURGE_REMINDERS).run
+    marks_run = dispatch(MARK_REMINDERS_READY).run
+    due = _due_active_reminders(marks_run)
     # Learners act after planning and before the workers: their holds are in the
-    # messages, and must survive them.
+    # messages, and must survive them; a hold renewed while its reminder is planned
+    # for marking keeps the reminder pending, due before the new expiry.
     planned = [pk for pk, _ in holds_run.chunks.get(chunk_id=1).message["items"][: 2 * racers]]
     renewed = [renew_hold(pk).pk for pk in planned[:racers]]
     confirmed = [confirm_hold(pk).pk for pk in planned[racers:]]
-    say(f"Dispatched 2 runs; {len(renewed)} candidates renewed and {len(confirmed)} "
-        "confirmed before any worker ran.")
+    moved = [Reminder.objects.get(hold_id=renew_hold(r.hold_id).pk) for r in due[:1]]
+    say(f"Dispatched 3 runs; {len(renewed)} candidates renewed and {len(confirmed)} "
+        f"confirmed, and {len(moved)} hold with a reminder due renewed, before any "
+        "worker ran.")
 
-    cluster = subprocess.Popen([sys.executable, str(MANAGE), "qcluster"],
-                               env=os.environ.copy(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    mail = Path(tempfile.mkdtemp(prefix="demo-mail-"))
+    env = {**os.environ, "DJANGO_EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
+           "EMAIL_FILE_PATH": str(mail)}
+    cluster = subprocess.Popen([sys.executable, str(MANAGE), "qcluster"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    runs = [holds_run, attempts_run, marks_run]
     try:
-        runs = [holds_run, reminders_run]
-        _wait(lambda: _settled(runs), timeout, "both runs to finish")
-        say("Both runs finished; replaying the hold run with its own cutoff.")
+        _wait(lambda: _settled(runs), timeout, "the runs to finish")
+        ready = Reminder.objects.filter(state=Reminder.State.READY).count()
+        say(f"The runs finished; {ready} reminders marked ready. The sender runs on the "
+            "cluster, then the hold run is replayed with its own cutoff.")
+        # What the sender's schedule does every minute, now.
+        async_task("reservations.reminders.send_ready_reminders")
+        _wait(lambda: not Reminder.objects.filter(state=Reminder.State.READY).exists(),
+              timeout, "the sender to take every ready reminder")
         resent = replay(holds_run.pk).resent
         _wait(lambda: _noops(holds_run) >= resent and _settled(runs), timeout,
               "the replayed chunks to be delivered")
@@ -70,6 +92,7 @@ def run_demo(*, expired: int, active: int, racers: int, timeout: float,
 
     policy = get_policy(EXPIRE_HOLDS)
     report = DemoReport(runs=[run_summary(Run.objects.get(pk=r.pk)) for r in runs])
+    report.reminders = _reminder_report(due, moved, mail)
     survivors = SeatHold.objects.filter(pk__in=renewed + confirmed).count()
     report.racing = {"renewed": len(renewed), "confirmed": len(confirmed),
                      "survivors": survivors}
@@ -83,8 +106,54 @@ def run_demo(*, expired: int, active: int, racers: int, timeout: float,
         "each expired hold deleted once, replays were no-ops":
             report.runs[0]["rows_deleted"] == expired - len(renewed) - len(confirmed)
             and report.runs[0]["noops"] >= resent,
+        **_reminder_checks(report, marks_run, moved),
     }
     return report
+
+
+def _due_active_reminders(run: Run) -> list[Reminder]:
+    """Reminders the mark run planned whose hold has not expired (they are sent)."""
+    planned = [pk for chunk in run.chunks.all() for pk, _ in chunk.message["items"]]
+    return list(Reminder.objects.filter(pk__in=planned, hold__expires_at__gt=run.cutoff)
+                .order_by("due_at"))
+
+
+def _reminder_report(due: list[Reminder], moved: list[Reminder], mail: Path) -> dict:
+    by_state = dict(Reminder.objects.values_list("state").annotate(n=Count("pk")).order_by())
+    # The file backend appends each mail to a file, then a line of dashes.
+    mails = [part for path in sorted(mail.glob("*.log"))
+             for part in path.read_bytes().split(b"-" * 79 + b"\n") if part.strip()]
+    sample = message_from_bytes(mails[0]) if mails else None
+    return {
+        "due_with_hold_active": len(due),
+        "renewed_while_planned": [r.pk for r in moved],
+        "by_state": by_state,
+        "mails": len(mails),
+        "sample": {key: sample[key] for key in ("To", "Subject", "Message-ID")}
+        if sample else None,
+    }
+
+
+def _reminder_checks(report: DemoReport, marks_run: Run, moved: list[Reminder]) -> dict:
+    sent = Reminder.objects.filter(state=Reminder.State.SENT)
+    ids = set(ReminderAttempt.objects.exclude(message_id="").values_list("message_id",
+                                                                         flat=True))
+    renewed_ok = all(
+        (r := Reminder.objects.get(pk=m.pk)).state == Reminder.State.PENDING
+        and r.due_at == reminder_due(SeatHold.objects.get(pk=r.hold_id).expires_at)
+        for m in moved)
+    return {
+        "due reminders of active holds sent once, each with its own Message-ID":
+            sent.count() == report.reminders["due_with_hold_active"] - len(moved)
+            and ids == {message_id(r) for r in sent}
+            and report.reminders["mails"] == sent.count(),
+        "a reminder whose hold was renewed after planning stayed pending, due again":
+            renewed_ok,
+        "no reminder left pending past its due time at the mark run's cutoff":
+            not Reminder.objects.filter(state=Reminder.State.PENDING,
+                                        due_at__lte=marks_run.cutoff)
+            .exclude(pk__in=[m.pk for m in moved]).exists(),
+    }
 
 
 def _settled(runs: list[Run]) -> bool:

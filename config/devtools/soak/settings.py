@@ -1,4 +1,6 @@
-"""Settings of the soak's qcluster processes: short leases, the poison policy."""
+"""Settings of the soak's qcluster processes: short leases, the poison policy, reminders
+that fall due within seconds. The soak's own process runs with the same values
+(runner.run_soak, pinned by tests/test_soak.py)."""
 
 from config.dev_settings import *  # noqa: F403
 
@@ -10,3 +12,10 @@ CLEANUP_MAX_UNFINISHED_DELIVERIES = 3
 CLEANUP_LOCK_TIMEOUT_MS = 3000
 # The soak wants many small chunks in flight: no learning of bigger ones.
 CLEANUP_CHUNK_BUDGET_MS = 0
+# A reminder falls due 10 s after its hold is made or renewed, so reminders come due
+# all through a soak; a hold still outlasts a soak (renewed holds must never expire).
+# The sender (which runs here) and the learners' renewals must agree on the lead.
+RESERVATIONS_HOLD_MINUTES = 15
+RESERVATIONS_REMINDER_LEAD_MINUTES = 15 - 10 / 60
+# Reminder mails go nowhere; the soak counts the attempts the sender records.
+EMAIL_BACKEND = "django.core.mail.backends.dummy.EmailBackend"

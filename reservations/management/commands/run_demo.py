@@ -2,6 +2,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from cleanup.management.base import count
 from reservations.demo import run_demo
 from reservations.management.wiping import add_wipe_arguments, confirm_wipe
 
@@ -9,7 +10,7 @@ from reservations.management.wiping import add_wipe_arguments, confirm_wipe
 class Command(BaseCommand):
     help = (
         "Run one real cleanup cycle through a qcluster subprocess and print a report. "
-        "Deletes every tenant, section, hold and reminder attempt first."
+        "Deletes every tenant, section, hold, reminder and reminder attempt first."
     )
 
     def add_arguments(self, parser) -> None:
@@ -41,17 +42,26 @@ class Command(BaseCommand):
             raise CommandError("a demo check failed")
 
     def table(self, report) -> str:
-        header = f"{'policy':<26}{'candidates':>11}{'chunks':>8}{'deleted':>9}" \
+        header = f"{'policy':<26}{'candidates':>11}{'chunks':>8}{'changed':>9}" \
                  f"{'skipped':>9}{'no-ops':>8}{'deliveries':>12}  state"
         lines = ["", header, "-" * len(header)]
         for run in report.runs:
             lines.append(
                 f"{run['policy']:<26}{run['candidates']:>11}{run['chunks_planned']:>8}"
-                f"{run['rows_deleted']:>9}{run['items_skipped']:>9}{run['noops']:>8}"
-                f"{run['deliveries']:>12}  {run['state']}"
+                f"{run['rows_changed']:>9}{run['items_skipped']:>9}{run['noops']:>8}"
+                f"{run['deliveries']:>12}  {run['state']} ({run['mutation']})"
             )
         racing = report.racing
         lines += ["", f"Racing learners: {racing['renewed']} renewed, {racing['confirmed']} "
-                      f"confirmed; {racing['survivors']} of them survived.", ""]
+                      f"confirmed; {racing['survivors']} of them survived."]
+        reminders = report.reminders
+        states = ", ".join(f"{n} {state}" for state, n in sorted(reminders["by_state"].items()))
+        lines += [f"Reminders now: {states or 'none'}; {count(reminders['mails'], 'mail')} "
+                  "written by the cluster's file backend."]
+        if reminders["sample"]:
+            sample = reminders["sample"]
+            lines.append(f"  e.g. to {sample['To']}: \"{sample['Subject']}\" "
+                         f"(Message-ID {sample['Message-ID']})")
+        lines.append("")
         lines += [f"  [{'ok' if ok else 'FAILED'}] {name}" for name, ok in report.checks.items()]
         return "\n".join(lines)
