@@ -208,3 +208,31 @@ def test_seed_reservations_refuses_bad_counts(db):
     with pytest.raises(CommandError, match="--tenants must be at least 1"):
         call_command("seed_reservations", "--tenants", "0", "--expired", "1", "--active", "1")
     assert SeatHold.objects.count() == 0
+
+
+def test_send_reminders_sends_the_ready_ones_and_says_why_others_were_not(section):
+    from django.core import mail
+
+    from reservations.services import hold_seat
+
+    sent = hold_seat(section.pk, "due", now=timezone.now() - timedelta(minutes=11))
+    confirmed = hold_seat(section.pk, "confirmed", now=timezone.now() - timedelta(minutes=11))
+    Reminder.objects.filter(hold_id__in=[sent.pk, confirmed.pk]).update(state="ready")
+    # Confirmed after it was marked, bypassing the service (which would cancel the
+    # reminder), as a race would: the sender finds the hold confirmed and skips it.
+    SeatHold.objects.filter(pk=confirmed.pk).update(status="confirmed")
+    result = run_json("send_reminders")
+    assert result == {"sent": 1, "not_sent": {"confirmed": 1}}
+    assert [m.to for m in mail.outbox] == [["due@learners.example.edu"]]
+    out = StringIO()
+    call_command("send_reminders", stdout=out)
+    assert out.getvalue().strip() == "Sent 0 reminders."
+    with pytest.raises(CommandError, match="--batch must be at least 1"):
+        call_command("send_reminders", "--batch", "0")
+
+
+def test_a_host_task_with_a_bad_cron_is_refused():
+    from cleanup.schedules import register_task
+
+    with pytest.raises(ValueError, match="not a cron expression"):
+        register_task("nightly", "myapp.tasks.nightly", "every night")
