@@ -164,6 +164,9 @@ EMAIL_PORT = _env_number("EMAIL_PORT", 25, int)
 EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
 EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
 EMAIL_USE_TLS = os.environ.get("EMAIL_USE_TLS", "") == "1"
+# Seconds an SMTP connection may block. The sender holds its reminder's row lock while
+# it sends, and a hold expiring meanwhile cannot be deleted until the send ends.
+EMAIL_TIMEOUT = _env_number("EMAIL_TIMEOUT", 10)
 EMAIL_FILE_PATH = os.environ.get("EMAIL_FILE_PATH", "") or BASE_DIR / ".data" / "mail"
 # The sender of reminders; its domain also names each reminder's Message-ID.
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "") or "seats@example.edu"

@@ -58,10 +58,7 @@ def renew_hold(hold_id: int, *, now: datetime | None = None) -> SeatHold:
         hold.expires_at = now + _window()
         hold.updated_at = now
         hold.save(update_fields=["expires_at", "updated_at"])
-        # Not sent yet: due again before the new expiry. Sent: the learner was reminded.
-        _unsent_reminder(hold).update(due_at=reminder_due(hold.expires_at),
-                                      state=Reminder.State.PENDING, ready_at=None,
-                                      updated_at=now)
+        _remind_again(hold, now)
         return hold
 
 
@@ -124,6 +121,22 @@ def reminder_due(expires_at: datetime) -> datetime:
 
 def reminder_lead() -> timedelta:
     return timedelta(minutes=conf.REMINDER_LEAD_MINUTES)
+
+
+def _remind_again(hold: SeatHold, now: datetime) -> None:
+    """After a renewal: a reminder not sent (pending, ready, or cancelled because the hold
+    expired first) is due again before the new expiry; a hold that has none (it expired
+    before reminders existed) gets one. A sent one stays sent: the learner was reminded.
+    The caller holds the hold's row lock, so two renewals cannot both create one."""
+    reminder = Reminder.objects.filter(hold_id=hold.pk)
+    moved = reminder.exclude(state=Reminder.State.SENT).update(
+        due_at=reminder_due(hold.expires_at), state=Reminder.State.PENDING, ready_at=None,
+        updated_at=now)
+    if not moved and not reminder.exists():
+        Reminder.objects.create(tenant_id=hold.tenant_id, hold=hold,
+                                learner_ref=hold.learner_ref,
+                                due_at=reminder_due(hold.expires_at), created_at=now,
+                                updated_at=now)
 
 
 def _unsent_reminder(hold: SeatHold):
