@@ -382,3 +382,19 @@ def test_an_update_run_shows_rows_updated_on_its_page_and_in_the_lists(admin_cli
     chunks = admin_client.get(reverse("admin:cleanup_chunk_changelist")).content.decode()
     assert re.search(r'class="field-changed">2<', chunks), chunks
     assert chunk.rows_changed == chunk.rows_updated == 2
+
+
+def test_the_reminders_list_shows_states_and_filters_the_due_unsent(admin_client, section):
+    from reservations.services import confirm_hold, hold_seat
+
+    hold_seat(section.pk, "overdue-learner", now=timezone.now() - timedelta(minutes=11))
+    later = hold_seat(section.pk, "later-learner")
+    confirm_hold(hold_seat(section.pk, "confirmed-learner").pk)
+    url = reverse("admin:reservations_reminder_changelist")
+    page = admin_client.get(url).content.decode()
+    assert "pending, overdue" in page and "cancelled" in page
+    due = admin_client.get(url, {"due": "unsent"}).content.decode()
+    assert "overdue-learner" in due and "later-learner" not in due
+    assert admin_client.get(url, {"q": "not-a-number"}).status_code == 200
+    assert str(later.pk) in admin_client.get(url, {"q": str(later.pk)}).content.decode()
+    assert admin_client.get(reverse("admin:reservations_reminder_add")).status_code == 403
