@@ -14,15 +14,18 @@ import socket
 import subprocess
 import time
 import urllib.request
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
+from django.utils import timezone
 from django_q.models import OrmQ
 
 from cleanup.dispatch import dispatch
 from cleanup.models import Chunk
 from cleanup.worker import apply_chunk
 from reservations.models import SeatHold
+from reservations.services import hold_seat
 from tests.conftest import ROOT, subprocess_env, wait_for
 from tests.factories import SeatHoldFactory, SectionFactory
 from tests.test_processes import qcluster  # noqa: F401  (fixture)
@@ -221,3 +224,19 @@ def test_the_console_as_make_serve_serves_it_fits_a_laptop(browser_page, served)
     page.click("input[value=\"Yes, I'm sure\"]")
     assert "1 chunk discarded." in page.inner_text(".messagelist")
     assert Chunk.objects.get(pk=dead.pk).state == Chunk.State.DISCARDED
+
+    # An update policy's run speaks of rows updated; the reminders it marked are listed.
+    for n in range(3):
+        hold_seat(section.pk, f"learner-{n}", now=timezone.now() - timedelta(minutes=11))
+    hold_seat(section.pk, "not-due-yet")
+    marked = dispatch("mark-reminders-ready", sync=True).run
+    page.goto(f"{served}/admin/cleanup/run/{marked.pk}/change/")
+    totals = page.inner_text("#run-totals").lower()  # the admin's CSS capitalises headers
+    assert "rows updated" in totals and "rows deleted" not in totals
+    page.screenshot(path=str(ARTIFACTS / "reminder-run-1366.png"), full_page=True)
+    page.goto(f"{served}/admin/reservations/reminder/")
+    measured = fits(page)
+    assert measured["table"] <= measured["room"], measured
+    listed = page.inner_text("#result_list")
+    assert listed.count("ready to send") == 3 and listed.count("pending") == 1
+    page.screenshot(path=str(ARTIFACTS / "reminders-1366.png"), full_page=True)
