@@ -23,6 +23,7 @@ from tests.test_alerts_live import shortened_rules
 RECORDING = ROOT / "deploy/prometheus/recorded/alerts-live.json"
 PROMTOOL = shutil.which("promtool")
 STEP = 2  # seconds between the recorded samples (the live test's scrape interval)
+ALERTS = ("CleanupScheduleMissed", "CleanupWorkStalled", "RemindersLate")
 
 
 def promtool_test(recording: dict, rules: str) -> dict:
@@ -57,7 +58,7 @@ def promtool_test(recording: dict, rules: str) -> dict:
     tests = []
     for moment in sorted(set(moments)):
         at = round((moment - start) / STEP) * STEP
-        for alertname in ("CleanupScheduleMissed", "CleanupWorkStalled"):
+        for alertname in ALERTS:
             expected = [
                 {"exp_labels": {k: v for k, v in r["metric"].items()
                                 if k not in ("__name__", "alertstate", "alertname")}}
@@ -87,16 +88,20 @@ def test_the_rules_raise_on_recorded_series_what_the_live_prometheus_raised(tmp_
     unit_test, checks = promtool_test(
         recording, str(shortened_rules(tmp_path, annotations=False)))
     # The recording holds each scenario's alert: stalled work under row locks, missed
-    # schedules once the scheduler died, and nothing while healthy.
+    # schedules once the scheduler died (every minutely policy, and an hourly purge
+    # whose slot fell in that time) with the reminder due meanwhile late, and nothing
+    # while healthy.
     raised = {}
     for check in checks:
         key = (check["phase"], check["alertname"])
         raised[key] = max(raised.get(key, 0), len(check["exp_alerts"]))
     assert raised == {
         ("healthy", "CleanupScheduleMissed"): 0, ("healthy", "CleanupWorkStalled"): 0,
+        ("healthy", "RemindersLate"): 0,
         ("row locks", "CleanupScheduleMissed"): 0, ("row locks", "CleanupWorkStalled"): 1,
-        ("scheduler dead", "CleanupScheduleMissed"): 2,
-        ("scheduler dead", "CleanupWorkStalled"): 0,
+        ("row locks", "RemindersLate"): 0,
+        ("scheduler dead", "CleanupScheduleMissed"): 4,
+        ("scheduler dead", "CleanupWorkStalled"): 0, ("scheduler dead", "RemindersLate"): 1,
     }
 
     path = tmp_path / "recorded.test.yml"

@@ -2,10 +2,11 @@
 qcluster, and a real Prometheus server scraping /metrics and evaluating the rules
 (their for: durations shortened, the expressions untouched).
 
-Three scenarios, in the order an operator would meet them: a fresh install is quiet;
-work blocked on row locks held by another connection is stalled work, not a missed
-schedule; a dead scheduler is a missed schedule, for a policy with a chunk in flight
-and for one with nothing in flight, not stalled work.
+Three scenarios, in the order an operator would meet them: a fresh install is quiet,
+with a renewal reminder falling due and handled on time; work blocked on row locks
+held by another connection is stalled work, not a missed schedule; a dead scheduler
+is a missed schedule, for a policy with a chunk in flight and for one with nothing in
+flight, not stalled work, and the reminders due meanwhile are late.
 
 transaction=True: the subprocesses connect to the test database on their own.
 """
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import timedelta
 from pathlib import Path
 
 import psycopg
@@ -31,7 +33,8 @@ from django.utils import timezone
 
 from cleanup.dispatch import dispatch
 from cleanup.models import Run, Slot
-from reservations.models import SeatHold
+from reservations.models import Reminder, SeatHold
+from reservations.services import hold_seat
 from tests.conftest import ROOT, database_url, subprocess_env, wait_for
 from tests.factories import ReminderAttemptFactory, SeatHoldFactory, SectionFactory
 
@@ -42,7 +45,7 @@ pytestmark = [
     pytest.mark.skipif(PROMETHEUS is None and os.environ.get("CI") != "true",
                        reason="prometheus not installed (apt-get install prometheus)"),
 ]
-MISSED, STALLED = "CleanupScheduleMissed", "CleanupWorkStalled"
+MISSED, STALLED, LATE = "CleanupScheduleMissed", "CleanupWorkStalled", "RemindersLate"
 SHORT_LEASE = {"Q_TIMEOUT": "4", "Q_RETRY": "6"}  # lease 10 s
 LONG_LEASE = {"Q_TIMEOUT": "60", "Q_RETRY": "120"}  # lease 180 s
 ARTIFACTS = ROOT / "artifacts"
@@ -136,7 +139,8 @@ class System:
     def alerts(self) -> dict[tuple[str, str], str]:
         """Alert name and policy -> pending or firing, as Prometheus evaluates them now."""
         answer = self._get(self._api("alerts")) or {"data": {"alerts": []}}
-        return {(a["labels"]["alertname"], a["labels"].get("policy", "")): a["state"]
+        return {(a["labels"]["alertname"],
+                 a["labels"].get("policy", a["labels"].get("state", ""))): a["state"]
                 for a in answer["data"]["alerts"]}
 
     def series(self, query: str, start: float, end: float) -> list:
@@ -195,7 +199,10 @@ def test_alerts_tell_missed_schedules_from_stalled_work_on_the_live_system(syste
     system.start_prometheus()
     timings, phases = {}, {"healthy": time.time()}
     everyone = {"expire-holds", "purge-reminder-attempts", "purge-cleanup-chunks",
-                "purge-cleanup-runs", "purge-task-results"}
+                "purge-cleanup-runs", "purge-task-results", "mark-reminders-ready",
+                "pending", "ready"}
+    # A renewal reminder falling due now: marked and sent within the schedules' limit.
+    on_time = hold_seat(section.pk, "on-time", now=timezone.now() - timedelta(minutes=10))
 
     # A fresh install, healthy: quiet until a slot has fired and its run finished.
     def slot_done(alerts) -> bool:
@@ -203,8 +210,12 @@ def test_alerts_tell_missed_schedules_from_stalled_work_on_the_live_system(syste
                                    fired_at__lt=timezone.now() - timezone.timedelta(seconds=10)
                                    ).exists()
     timings["healthy, quiet until a slot ran"] = watch(
-        system, slot_done, forbidden={MISSED, STALLED}, policies=everyone, timeout=150,
+        system, slot_done, forbidden={MISSED, STALLED, LATE}, policies=everyone, timeout=150,
         what="a slot of expire-holds to fire and its run to complete")
+    timings["healthy: the due reminder sent"] = watch(
+        system, lambda alerts: Reminder.objects.filter(hold_id=on_time.pk, state="sent").exists(),
+        forbidden={MISSED, STALLED, LATE}, policies=everyone, timeout=150,
+        what="the scheduled marking and sender to send the due reminder")
 
     # Work blocked on row locks: stalled work, and the scheduler still on time.
     SeatHoldFactory.create_batch(300, section=section, expired=True)
@@ -213,7 +224,7 @@ def test_alerts_tell_missed_schedules_from_stalled_work_on_the_live_system(syste
     try:
         dispatch("expire-holds")
         timings["row locks: stalled work fired (lease 10 s)"] = watch(
-            system, firing(STALLED, "expire-holds"), forbidden={MISSED}, policies=everyone,
+            system, firing(STALLED, "expire-holds"), forbidden={MISSED, LATE}, policies=everyone,
             timeout=90, what="stalled work on expire-holds")
         watch(system, lambda alerts: False, forbidden={MISSED}, policies=everyone,
               timeout=10, what="ten seconds of stalled work", expect_timeout=True)
@@ -229,6 +240,8 @@ def test_alerts_tell_missed_schedules_from_stalled_work_on_the_live_system(syste
     system.stop_app()
     died, phases["scheduler dead"] = time.monotonic(), time.time()
     SeatHoldFactory.create_batch(5, section=section, expired=True)
+    # A reminder that fell due while nothing marks or sends, four minutes ago.
+    hold_seat(section.pk, "late", now=timezone.now() - timedelta(minutes=14))
     holder = lock_expired_holds()
     try:
         system.start_app(scheduler=False, **LONG_LEASE)
@@ -237,6 +250,9 @@ def test_alerts_tell_missed_schedules_from_stalled_work_on_the_live_system(syste
             system, firing(MISSED, "expire-holds", "purge-reminder-attempts"),
             forbidden={STALLED}, policies=everyone, timeout=150,
             what="a missed schedule for both minutely policies")
+        timings["scheduler dead: reminders late fired"] = (time.monotonic() - died) + watch(
+            system, firing(LATE, "pending"), forbidden={STALLED}, policies=everyone,
+            timeout=90, what="the unmarked reminder to be late")
         # Firing steadily, and still no stalled work, with the chunk still in flight.
         watch(system, lambda alerts: False, forbidden={STALLED}, policies=everyone,
               timeout=10, what="ten quiet seconds", expect_timeout=True)
@@ -249,7 +265,9 @@ def test_alerts_tell_missed_schedules_from_stalled_work_on_the_live_system(syste
     recording = {query: system.series(query, began, time.time()) for query in (
         "cleanup_schedule_lag_seconds", "cleanup_schedule_grace_seconds",
         "cleanup_stalled_chunks", "cleanup_undispatched_slots",
-        'ALERTS{alertname=~"CleanupScheduleMissed|CleanupWorkStalled"}')}
+        "reservations_reminders_oldest_due_unsent_age_seconds",
+        "reservations_reminder_late_limit_seconds",
+        'ALERTS{alertname=~"CleanupScheduleMissed|CleanupWorkStalled|RemindersLate"}')}
     (ARTIFACTS / "alerts-live.json").write_text(json.dumps(
         {"timings_seconds": timings, "phases": phases, "series": recording}, indent=1))
     print("alert timings (s):", json.dumps(timings))
