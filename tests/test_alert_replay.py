@@ -1,8 +1,8 @@
 """The shipped alert rules replayed by promtool over the series the live app produced.
 
 tests/test_alerts_live.py records, from a real Prometheus scraping the real app, every
-series the missed-schedule and stalled-work alerts read, and the alerts that Prometheus
-raised. A copy of one such recording is kept in deploy/prometheus/recorded/. Here
+series the missed-schedule, stalled-work and late-reminder alerts read, and the alerts
+that Prometheus raised. A copy of one such recording is kept in deploy/prometheus/recorded/. Here
 promtool evaluates the rules (with the same shortened for: durations as that run) over
 those recorded inputs, and must raise exactly the alerts the live Prometheus raised at
 the end of each scenario.
