@@ -87,9 +87,9 @@ class Reminder(models.Model):
     Renewing the hold moves ``due_at`` and puts an unsent reminder back to pending;
     confirming it cancels the reminder.
 
-    ``hold`` has no cascade in Django (DO_NOTHING, no Django constraint), which keeps the
-    hold table's single-statement DELETE; the database's own foreign key (migration
-    0004) deletes a reminder with its hold.
+    ``hold`` has no cascade in Django (DO_NOTHING, no constraint), which keeps the hold
+    table's single-statement DELETE; a statement-level trigger in the database
+    (migration 0004) deletes the reminders of the holds each DELETE removed.
     """
 
     class State(models.TextChoices):

