@@ -10,6 +10,7 @@ class ReservationsConfig(AppConfig):
         from django.db.backends.signals import connection_created
 
         from cleanup.schedules import register_task
+        from reservations import checks  # noqa: F401  (registers the system checks)
         from reservations.conf import conf
         from reservations.metrics import register_collector
         from reservations.policies import register_policies

@@ -14,7 +14,7 @@ from email.utils import parseaddr
 
 import structlog
 from django.conf import settings
-from django.core.mail import EmailMessage
+from django.core.mail import EmailMessage, get_connection
 from django.db import transaction
 from django.utils import timezone
 
@@ -40,14 +40,20 @@ def send_ready_reminders(*, batch: int | None = None) -> dict[str, int]:
     ready for the next run.
     """
     outcomes: Counter = Counter()
-    for _ in range(batch or conf.REMINDER_SEND_BATCH):
-        with transaction.atomic():
-            reminder = (Reminder.objects.select_for_update(skip_locked=True)
-                        .filter(state=Reminder.State.READY).order_by("due_at", "pk").first())
-            if reminder is None:
-                break
-            outcome = _deliver(reminder, timezone.now())
-        outcomes[outcome] += 1
+    # One connection to the mail server for the whole run, opened at the first mail.
+    mail = get_connection()
+    try:
+        for _ in range(batch or conf.REMINDER_SEND_BATCH):
+            with transaction.atomic():
+                reminder = (Reminder.objects.select_for_update(skip_locked=True)
+                            .filter(state=Reminder.State.READY).order_by("due_at", "pk")
+                            .first())
+                if reminder is None:
+                    break
+                outcome = _deliver(reminder, timezone.now(), mail)
+            outcomes[outcome] += 1
+    finally:
+        mail.close()
     if outcomes:
         log.info("reminders sent", **outcomes)
     return dict(outcomes)
@@ -61,7 +67,7 @@ def message_id(reminder: Reminder) -> str:
     return f"<reminder-{reminder.pk}-{due}@{domain}>"
 
 
-def _deliver(reminder: Reminder, now: datetime) -> str:
+def _deliver(reminder: Reminder, now: datetime, mail) -> str:
     """Send one locked ready reminder, or set it aside; returns the outcome."""
     hold = SeatHold.objects.filter(pk=reminder.hold_id).values("status", "expires_at").first()
     if hold is None or hold["status"] != SeatHold.Status.HELD or hold["expires_at"] <= now:
@@ -75,7 +81,8 @@ def _deliver(reminder: Reminder, now: datetime) -> str:
              ready_at=None, updated_at=now)
         return RENEWED
     key = message_id(reminder)
-    _mail(reminder, hold["expires_at"], key).send()
+    mail.open()  # once per run: it stays open for the next mails
+    _mail(reminder, hold["expires_at"], key, mail).send()
     ReminderAttempt.objects.create(tenant_id=reminder.tenant_id, hold_id=reminder.hold_id,
                                    learner_ref=reminder.learner_ref, channel="email",
                                    sent_at=now, message_id=key)
@@ -83,7 +90,7 @@ def _deliver(reminder: Reminder, now: datetime) -> str:
     return SENT
 
 
-def _mail(reminder: Reminder, expires_at: datetime, key: str) -> EmailMessage:
+def _mail(reminder: Reminder, expires_at: datetime, key: str, mail) -> EmailMessage:
     expiry = expires_at.astimezone(UTC).strftime("%H:%M UTC")
     return EmailMessage(
         subject=f"Your seat hold expires at {expiry}",
@@ -91,6 +98,7 @@ def _mail(reminder: Reminder, expires_at: datetime, key: str) -> EmailMessage:
               "the seat, or confirm it to make it yours."),
         to=[conf.LEARNER_EMAIL.format(learner_ref=reminder.learner_ref)],
         headers={"Message-ID": key},
+        connection=mail,
     )
 
 

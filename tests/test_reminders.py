@@ -452,3 +452,42 @@ def test_e012_accepts_the_shipped_mark_ready_update(update, refused):
     with registered(shipped if update is None else replace(shipped, update=update)):
         errors = [e for e in check_policies() if e.id == "cleanup.E012"]
     assert [MARK_REMINDERS_READY in e.msg for e in errors] == ([True] if refused else [])
+
+
+@pytest.mark.parametrize("template", ["{name}@example.edu", "everyone@example.edu",
+                                      "{learner_ref}", "{learner_ref@x"])
+def test_a_reminder_address_format_that_cannot_give_addresses_is_refused(settings, template):
+    from reservations.checks import check_learner_email
+
+    settings.RESERVATIONS_LEARNER_EMAIL = template
+    (error,) = check_learner_email()
+    assert error.id == "reservations.E001" and repr(template) in error.msg
+
+
+def test_the_shipped_reminder_address_format_passes_its_check():
+    from reservations.checks import check_learner_email
+
+    assert check_learner_email() == []
+
+
+def test_one_sender_run_opens_one_mail_connection_for_all_its_mails(section, settings):
+    settings.EMAIL_BACKEND = f"{__name__}.CountingBackend"
+    CountingBackend.opened = 0
+    for n in range(3):
+        made_ready(due_hold(section, f"learner-{n}"))
+
+    assert send_ready_reminders() == {"sent": 3}
+    assert CountingBackend.opened == 1 and len(mail.outbox) == 3
+    assert send_ready_reminders() == {}
+    assert CountingBackend.opened == 1  # nothing to send: no connection at all
+
+
+class CountingBackend(LocmemBackend):
+    opened = 0
+
+    def open(self):
+        if getattr(self, "_open", False):
+            return False
+        self._open = True
+        CountingBackend.opened += 1
+        return True

@@ -70,16 +70,16 @@ class Command(CleanupCommand):
         if result["dry_run"]:
             return (f"Dry run: {result['policy']} would plan "
                     f"{count(result['chunks']['total'], 'chunk')} "
-                    f"({result['scheme']}) for {result['candidates']} rows eligible at "
+                    f"({result['scheme']}) for {count(result['candidates'], 'row')} eligible at "
                     f"{result['cutoff']}.")
         verb = "Dispatched" if result["created"] else "Already dispatched:"
         if result["planned_all"]:
             planned = (f"{count(result['chunks']['total'], 'chunk')} ({result['scheme']}) for "
-                       f"{result['candidates']} rows eligible at {result['cutoff']}")
+                       f"{count(result['candidates'], 'row')} eligible at {result['cutoff']}")
         else:
             planned = (f"first {count(result['chunks']['total'], 'chunk')} ({result['scheme']}, "
-                       f"{result['candidates']} rows eligible at {result['cutoff']}) sent; "
-                       "the rest is planned as they finish")
+                       f"{count(result['candidates'], 'row')} eligible at {result['cutoff']}) "
+                       "sent; the rest is planned as they finish")
         return (f"{verb} run {result['run_id']} of {result['policy']}: {planned}; state "
                 f"{result['state']}; took {result['seconds']:.1f} s.")
 
