@@ -13,8 +13,10 @@ conf = PrefixedSettings(
         "REMINDER_LEAD_MINUTES": 5,
         # How a learner_ref becomes the address a reminder goes to.
         "LEARNER_EMAIL": "{learner_ref}@learners.example.edu",
-        # Ready reminders one run of the sender takes at most.
-        "REMINDER_SEND_BATCH": 500,
+        # Ready reminders one run of the sender takes at most, and for how long it
+        # takes new ones (django-q2's task timeout is 120 s).
+        "REMINDER_SEND_BATCH": 5000,
+        "REMINDER_SEND_SECONDS": 50,
         "EXPIRE_CHUNK_SIZE": 500,
         "MARK_READY_CHUNK_SIZE": 500,
         "PURGE_CHUNK_SIZE": 1000,

@@ -8,6 +8,7 @@ mail carries the same Message-ID, which lets a provider drop it.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from datetime import UTC, datetime
 from email.utils import parseaddr
@@ -16,6 +17,7 @@ import structlog
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from reservations.conf import conf
@@ -30,20 +32,28 @@ HOLD_GONE = "hold_gone"
 CONFIRMED = "confirmed"
 EXPIRED = "expired"
 RENEWED = "renewed"
+# Reminders cancelled per statement when their holds moved on (expired, say).
+CANCEL_BATCH = 10_000
 
 
 def send_ready_reminders(*, batch: int | None = None) -> dict[str, int]:
     """Send up to ``batch`` ready reminders (RESERVATIONS_REMINDER_SEND_BATCH), oldest
-    due first; return how many were sent and why the others were not.
+    due first, for at most RESERVATIONS_REMINDER_SEND_SECONDS (well inside the task's
+    timeout); return how many were sent and why the others were not.
 
-    A mail that cannot be sent stops the batch with its error, the reminder still
-    ready for the next run.
+    First, ready reminders whose hold is gone, confirmed or expired are cancelled in
+    bulk (after an outage, reminders of holds that expired meanwhile are most of
+    them), so the batch is spent on mails. A mail that cannot be sent stops the batch
+    with its error, the reminder still ready for the next run.
     """
-    outcomes: Counter = Counter()
+    outcomes = cancel_moot(timezone.now())
     # One connection to the mail server for the whole run, opened at the first mail.
     mail = get_connection()
+    until = time.monotonic() + conf.REMINDER_SEND_SECONDS
     try:
         for _ in range(batch or conf.REMINDER_SEND_BATCH):
+            if time.monotonic() > until:
+                break
             with transaction.atomic():
                 reminder = (Reminder.objects.select_for_update(skip_locked=True)
                             .filter(state=Reminder.State.READY).order_by("due_at", "pk")
@@ -57,6 +67,35 @@ def send_ready_reminders(*, batch: int | None = None) -> dict[str, int]:
     if outcomes:
         log.info("reminders sent", **outcomes)
     return dict(outcomes)
+
+
+def cancel_moot(now: datetime) -> Counter:
+    """Cancel the ready reminders that must not be sent, CANCEL_BATCH at a time; return
+    how many, by reason.
+
+    Each batch reads the ids, then updates them by id (an UPDATE with the batch as an
+    IN-subquery was planned as a nested loop over every ready reminder per row, when
+    the statistics still said none was ready). The UPDATE re-checks ``state =
+    'ready'`` on each row, so a reminder a renewal put back to pending meanwhile is
+    left alone, and a renewal after the cancel brings it back (``renew_hold``).
+    """
+    holds = SeatHold.objects.filter(pk=OuterRef("hold_id"))
+    reasons = {
+        HOLD_GONE: ~Exists(holds),
+        CONFIRMED: Exists(holds.exclude(status=SeatHold.Status.HELD)),
+        EXPIRED: Exists(holds.filter(status=SeatHold.Status.HELD, expires_at__lte=now)),
+    }
+    ready = Reminder.objects.filter(state=Reminder.State.READY)
+    cancelled: Counter = Counter()
+    for reason, condition in reasons.items():
+        while True:
+            batch = list(ready.filter(condition).values_list("pk", flat=True)[:CANCEL_BATCH])
+            if batch:
+                cancelled[reason] += ready.filter(pk__in=batch).update(
+                    state=Reminder.State.CANCELLED, updated_at=now)
+            if len(batch) < CANCEL_BATCH:
+                break
+    return +cancelled
 
 
 def message_id(reminder: Reminder) -> str:

@@ -491,3 +491,22 @@ class CountingBackend(LocmemBackend):
         self._open = True
         CountingBackend.opened += 1
         return True
+
+
+def test_reminders_of_holds_that_moved_on_are_cancelled_in_bulk_not_one_by_one(section):
+    expired = [hold_seat(section.pk, f"late-{n}", now=timezone.now() - timedelta(minutes=20))
+               for n in range(30)]
+    confirmed = due_hold(section, "confirmed")
+    due = due_hold(section, "due")
+    for hold in (*expired, confirmed, due):
+        made_ready(hold)
+    SeatHold.objects.filter(pk=confirmed.pk).update(status="confirmed")  # a race, not the service
+
+    with CaptureQueriesContext(connection) as queries:
+        assert send_ready_reminders() == {"expired": 30, "confirmed": 1, "sent": 1}
+
+    updates = [sql for _, sql in statements_on(Reminder._meta.db_table, queries)
+               if sql.startswith("UPDATE")]
+    assert len(updates) == 3  # one per reason found (confirmed, expired), one sent mark
+    assert Reminder.objects.filter(state=CANCELLED).count() == 31
+    assert [m.to for m in mail.outbox] == [["due@learners.example.edu"]]
