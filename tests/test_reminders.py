@@ -510,3 +510,13 @@ def test_reminders_of_holds_that_moved_on_are_cancelled_in_bulk_not_one_by_one(s
     assert len(updates) == 3  # one per reason found (confirmed, expired), one sent mark
     assert Reminder.objects.filter(state=CANCELLED).count() == 31
     assert [m.to for m in mail.outbox] == [["due@learners.example.edu"]]
+
+
+def test_a_sender_run_past_its_time_budget_takes_no_more_reminders(section, settings):
+    made_ready(due_hold(section))
+    settings.RESERVATIONS_REMINDER_SEND_SECONDS = -1  # already spent when the run starts
+
+    assert send_ready_reminders() == {}
+    assert Reminder.objects.get().state == READY and mail.outbox == []
+    settings.RESERVATIONS_REMINDER_SEND_SECONDS = 50
+    assert send_ready_reminders() == {"sent": 1}
