@@ -73,11 +73,11 @@ def cancel_moot(now: datetime) -> Counter:
     """Cancel the ready reminders that must not be sent, CANCEL_BATCH at a time; return
     how many, by reason.
 
-    Each batch reads the ids, then updates them by id (an UPDATE with the batch as an
-    IN-subquery was planned as a nested loop over every ready reminder per row, when
-    the statistics still said none was ready). The UPDATE re-checks ``state =
-    'ready'`` on each row, so a reminder a renewal put back to pending meanwhile is
-    left alone, and a renewal after the cancel brings it back (``renew_hold``).
+    Each batch reads the ids, then updates them by id with the whole condition again
+    (an UPDATE with the batch as an IN-subquery was planned as a nested loop over every
+    ready reminder per row, when the statistics still said none was ready). So a
+    reminder whose hold a renewal moved on meanwhile is left alone, and a renewal
+    after the cancel brings it back (``renew_hold``).
     """
     holds = SeatHold.objects.filter(pk=OuterRef("hold_id"))
     reasons = {
@@ -91,7 +91,9 @@ def cancel_moot(now: datetime) -> Counter:
         while True:
             batch = list(ready.filter(condition).values_list("pk", flat=True)[:CANCEL_BATCH])
             if batch:
-                cancelled[reason] += ready.filter(pk__in=batch).update(
+                # The reason again in the UPDATE's own WHERE: a hold renewed (and its
+                # reminder marked again) since the ids were read is left alone.
+                cancelled[reason] += ready.filter(condition, pk__in=batch).update(
                     state=Reminder.State.CANCELLED, updated_at=now)
             if len(batch) < CANCEL_BATCH:
                 break

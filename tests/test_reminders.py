@@ -508,6 +508,9 @@ def test_reminders_of_holds_that_moved_on_are_cancelled_in_bulk_not_one_by_one(s
     updates = [sql for _, sql in statements_on(Reminder._meta.db_table, queries)
                if sql.startswith("UPDATE")]
     assert len(updates) == 3  # one per reason found (confirmed, expired), one sent mark
+    # Each cancel carries its reason in its own WHERE, not only the ids read before it.
+    cancels = [sql for sql in updates if "'cancelled'" in sql]
+    assert len(cancels) == 2 and all('FROM "reservations_seathold"' in sql for sql in cancels)
     assert Reminder.objects.filter(state=CANCELLED).count() == 31
     assert [m.to for m in mail.outbox] == [["due@learners.example.edu"]]
 
