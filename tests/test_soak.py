@@ -7,6 +7,7 @@ long form (README, Reliability).
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import sys
 import pytest
 import redis
 
+from config.devtools.soak import runner
 from tests.conftest import ROOT, subprocess_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.soak]
@@ -40,6 +42,9 @@ def test_short_soak_with_the_orm_broker():
     assert figures["renewed_or_confirmed_then_deleted"] == 0
     assert figures["holds_deleted_ledger"] == figures["holds_actually_gone"] > 0
     assert report["traffic"]["renewed"] > 0 and report["traffic"]["confirmed"] > 0
+    reminders = figures["reminders"]
+    assert reminders["marked_ledger"] > 0 and reminders["sent_while_soaking"] > 0
+    assert reminders["renewed_while_falling_due"] > 0
 
 
 def test_short_soak_with_the_redis_broker():
@@ -48,4 +53,19 @@ def test_short_soak_with_the_redis_broker():
     report = soak(Q_BROKER="redis", REDIS_URL=url)
     assert report["broker"] == "redis"
     assert report["figures"]["chunks_reconciled"] >= 1
+    assert report["figures"]["reminders"]["sent_while_soaking"] > 0
     redis.from_url(url).flushdb()
+
+
+def test_the_soak_runs_with_the_settings_of_its_clusters():
+    """The soak's own process (learners, dispatches, the last sender run) and its
+    clusters agree: with another reminder lead, the clusters' sender would set aside
+    reminders the learners' renewals made due, or send ones not due yet."""
+    clusters = importlib.import_module(runner.SOAK_SETTINGS)
+    assert clusters.Q_CLUSTER["retry"] == runner.RETRY
+    assert clusters.Q_CLUSTER["timeout"] == runner.TIMEOUT
+    assert clusters.CLEANUP_MAX_UNFINISHED_DELIVERIES == runner.MAX_UNFINISHED
+    assert clusters.RESERVATIONS_HOLD_MINUTES == runner.HOLD_MINUTES
+    assert clusters.RESERVATIONS_REMINDER_LEAD_MINUTES == runner.REMINDER_LEAD_MINUTES
+    assert clusters.RESERVATIONS_REMINDER_SEND_SECONDS == runner.REMINDER_SEND_SECONDS
+    assert clusters.EMAIL_BACKEND == runner.EMAIL_BACKEND

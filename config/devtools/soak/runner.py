@@ -24,17 +24,22 @@ from cleanup.reconcile import reconcile
 from cleanup.replay import replay
 from cleanup.transport import queue_shares_transaction
 from config.devtools.processes import Cluster
-from config.devtools.soak import faults
+from config.devtools.soak import faults, reminders
 from config.devtools.soak.poison import POISON_CHANNEL, POISON_POLICY, register_poison_policy
 from config.devtools.soak.traffic import Learners, TrafficLog
 from config.devtools.wipe import wipe_reservations
 from reservations import seeding
 from reservations.models import ReminderAttempt, SeatHold, Section, Tenant
-from reservations.policies import EXPIRE_HOLDS, PURGE_REMINDERS
+from reservations.policies import EXPIRE_HOLDS, MARK_REMINDERS_READY, PURGE_REMINDERS
 
 SOAK_SETTINGS = "config.devtools.soak.settings"
-# What the soak's clusters run with (config/devtools/soak/settings.py).
+# What the soak's clusters run with (config/devtools/soak/settings.py; tests/test_soak.py
+# pins that both agree).
 RETRY, TIMEOUT, MAX_UNFINISHED = 6, 4, 3
+HOLD_MINUTES, REMINDER_LEAD_MINUTES, REMINDER_SEND_SECONDS = 15, 15 - 10 / 60, 2
+EMAIL_BACKEND = "django.core.mail.backends.dummy.EmailBackend"
+# The policies whose runs the soak dispatches, replays and checks.
+DISPATCHED = (EXPIRE_HOLDS, PURGE_REMINDERS, MARK_REMINDERS_READY)
 
 
 @dataclass
@@ -62,28 +67,48 @@ def run_soak(*, duration: float, min_faults: int, seed: int, say) -> SoakReport:
     broker = "orm" if queue_shares_transaction() else "redis"
     with override_settings(Q_CLUSTER={"retry": RETRY, "timeout": TIMEOUT},
                            CLEANUP_MAX_UNFINISHED_DELIVERIES=MAX_UNFINISHED,
-                           CLEANUP_CHUNK_BUDGET_MS=0):
+                           CLEANUP_CHUNK_BUDGET_MS=0,
+                           RESERVATIONS_HOLD_MINUTES=HOLD_MINUTES,
+                           RESERVATIONS_REMINDER_LEAD_MINUTES=REMINDER_LEAD_MINUTES,
+                           RESERVATIONS_REMINDER_SEND_SECONDS=REMINDER_SEND_SECONDS,
+                           EMAIL_BACKEND=EMAIL_BACKEND):
         seeded = _seed(duration)
         register(replace(get_policy(EXPIRE_HOLDS), chunk_size=20))
         register(replace(get_policy(PURGE_REMINDERS), chunk_size=50))
+        register(replace(get_policy(MARK_REMINDERS_READY), chunk_size=20))
         register_poison_policy()
-        say(f"Seeded {seeded['holds']} holds and {seeded['reminders']} reminder attempts; "
-            f"broker {broker}; soaking for {duration:.0f} s.")
+        say(f"Seeded {seeded['holds']} holds with {seeded['hold_reminders']} reminders and "
+            f"{seeded['reminders']} reminder attempts; broker {broker}; soaking for "
+            f"{duration:.0f} s.")
 
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": SOAK_SETTINGS}
         clusters = [Cluster("host-a", env), Cluster("host-b", env)]
         try:
             for cluster in clusters:
                 cluster.start()
-            injector, log, final, poison_run, peaks, again = _soak(clusters, duration, rng, seed,
-                                                            say, started_at)
+            soaked = _soak(clusters, duration, rng, seed, say, started_at)
             _settle(Run.objects.filter(created_at__gte=started_at), lease)
+            # The last sender run, after the final mark run: every ready reminder goes.
+            soaked.last_sender_run = reminders.send_the_rest()
         finally:
             for cluster in clusters:
                 cluster.stop()
         connections.close_all()
-        return _report(broker, duration, started_at, seeded, log, injector, final,
-                       poison_run, peaks, again, min_faults, lease)
+        return _report(broker, duration, started_at, seeded, soaked, min_faults, lease)
+
+
+@dataclass
+class Soaked:
+    """What the soak's threads and loop leave for the report."""
+
+    injector: faults.Injector
+    log: TrafficLog
+    final: dict
+    poison_run: Run | None
+    peaks: dict
+    again: int
+    sender_runs: int
+    last_sender_run: Counter = field(default_factory=Counter)
 
 
 def _soak(clusters, duration, rng, seed, say, started_at):
@@ -91,20 +116,24 @@ def _soak(clusters, duration, rng, seed, say, started_at):
     stop = threading.Event()
     log = TrafficLog()
     learners = [Learners(log, stop, seed + i) for i in range(3)]
-    injector = faults.Injector(clusters, stop, seed)
+    injector = faults.Injector(clusters, stop, seed, log)
     window_probe = WindowProbe(stop)
     for thread in (*learners, injector, window_probe):
         thread.start()
     poison_run = None
     restarted = False
     replayed: set = set()
+    sender_runs = 0
     deadline = time.monotonic() + duration
     try:
         while time.monotonic() < deadline:
             # Like the scheduler, start a run only when the last one has finished;
             # then deliver each finished run once more (every chunk twice).
-            if not Run.objects.filter(policy=EXPIRE_HOLDS, state=Run.State.RUNNING).exists():
-                dispatch(EXPIRE_HOLDS, scheme=rng.choice(["items", "items", "range"]))
+            for policy in (EXPIRE_HOLDS, MARK_REMINDERS_READY):
+                if not Run.objects.filter(policy=policy, state=Run.State.RUNNING).exists():
+                    dispatch(policy, scheme=rng.choice(["items", "items", "range"]))
+            # Like its schedule, the sender runs whether or not a mark run is running.
+            sender_runs += reminders.send_in_clusters(rng)
             _replay_finished(replayed, started_at)
             if poison_run is None:
                 poison_run = dispatch(POISON_POLICY).run
@@ -119,10 +148,10 @@ def _soak(clusters, duration, rng, seed, say, started_at):
         for thread in (*learners, injector, window_probe):
             thread.join(30)
     say("Traffic and faults stopped; final runs, every run delivered once more.")
-    final = [dispatch(EXPIRE_HOLDS).run, dispatch(PURGE_REMINDERS).run]
-    _settle(Run.objects.filter(pk__in=[r.pk for r in final]), RETRY + TIMEOUT)
+    final = {policy: dispatch(policy).run for policy in DISPATCHED}
+    _settle(Run.objects.filter(pk__in=[r.pk for r in final.values()]), RETRY + TIMEOUT)
     again = _deliver_every_chunk_twice(replayed, started_at)
-    return injector, log, final, poison_run, window_probe.peaks, again
+    return Soaked(injector, log, final, poison_run, window_probe.peaks, again, sender_runs)
 
 
 class WindowProbe(threading.Thread):
@@ -136,7 +165,7 @@ class WindowProbe(threading.Thread):
     def __init__(self, stop: threading.Event):
         super().__init__(daemon=True)
         self.stop = stop
-        self.peaks = dict.fromkeys((EXPIRE_HOLDS, PURGE_REMINDERS), 0)
+        self.peaks = dict.fromkeys(DISPATCHED, 0)
 
     def run(self) -> None:
         try:
@@ -152,8 +181,7 @@ class WindowProbe(threading.Thread):
 
 
 def _replay_finished(replayed: set, since) -> None:
-    finished = Run.objects.filter(policy__in=[EXPIRE_HOLDS, PURGE_REMINDERS],
-                                  created_at__gte=since).exclude(
+    finished = Run.objects.filter(policy__in=DISPATCHED, created_at__gte=since).exclude(
         state__in=[Run.State.RUNNING, Run.State.CANCELLED]).exclude(pk__in=replayed)
     for run in finished:
         replay(run.pk)
@@ -214,31 +242,40 @@ def _seed(duration: float) -> dict:
     wipe_reservations()
     counts = seeding.seed(tenants=3, expired=600, active=0, confirmed=50, attempts=1500,
                           random_seed=7, progress=lambda *a: None)
-    # Holds that expire while the soak runs, so every run finds fresh work.
+    # Holds that expire while the soak runs, so every run finds fresh work; their
+    # reminders are overdue (the sender sends or cancels them as the holds expire).
     now = timezone.now()
     sections = list(Section.objects.all())
     expiring = int(40 * duration)
-    SeatHold.objects.bulk_create(
+    expiring_holds = SeatHold.objects.bulk_create(
         SeatHold(tenant_id=s.tenant_id, section=s, learner_ref=f"expiring-{i}",
                  expires_at=now + timedelta(seconds=duration * i / expiring))
         for i, s in ((i, sections[i % len(sections)]) for i in range(expiring))
     )
+    reminded = reminders.remind(expiring_holds)
+    # Holds whose reminders fall due while the soak runs.
+    falling_due, their_reminders = reminders.seed_falling_due(duration, now)
     tenant = Tenant.objects.first()
     ReminderAttempt.objects.create(tenant=tenant, hold_id=0, learner_ref="poison",
                                    channel=POISON_CHANNEL, sent_at=now - timedelta(hours=1))
-    return {"holds": counts["expired"] + counts["confirmed"] + expiring,
+    return {"holds": counts["expired"] + counts["confirmed"] + expiring + falling_due,
+            "hold_reminders": counts["reminders"] + reminded + their_reminders,
             "reminders": counts["attempts"]}
 
 
-def _report(broker, duration, started_at, seeded, log, injector, final, poison_run,
-            peaks, again, min_faults, lease) -> SoakReport:
+def _report(broker, duration, started_at, seeded, soaked: Soaked, min_faults,
+            lease) -> SoakReport:
+    log, injector, poison_run, peaks = soaked.log, soaked.injector, soaked.poison_run, soaked.peaks
     now = timezone.now()
     runs = Run.objects.filter(created_at__gte=started_at)
     chunks = Chunk.objects.filter(run__in=runs)
     ledger = dict(chunks.values_list("run__policy").annotate(n=Sum("rows_deleted")).order_by())
     holds_now = SeatHold.objects.count()
     holds_gone = seeded["holds"] + len(log.created) - len(log.released) - holds_now
-    reminders_gone = seeded["reminders"] + 1 - ReminderAttempt.objects.count()
+    # The seeded attempts and the poison one; the sender's (each with its Message-ID)
+    # are recent, so no purge may touch them: a purge that did shows as a mismatch.
+    reminders_gone = (seeded["reminders"] + 1
+                      - ReminderAttempt.objects.filter(message_id="").count())
     kept = (log.renewed | log.confirmed) - log.released
     lost = len(kept) - SeatHold.objects.filter(pk__in=kept).count()
     completed = runs.filter(policy=EXPIRE_HOLDS).exclude(state=Run.State.RUNNING)
@@ -256,6 +293,7 @@ def _report(broker, duration, started_at, seeded, log, injector, final, poison_r
         runs=dict(Counter(runs.values_list("state", flat=True))),
         chunks=dict(Counter(chunks.values_list("state", flat=True))),
         traffic={"created": len(log.created), "renewed": len(log.renewed),
+                 "renewals": len(log.renewals),
                  "confirmed": len(log.confirmed), "released": len(log.released),
                  "refused": log.refused},
         figures={
@@ -268,20 +306,24 @@ def _report(broker, duration, started_at, seeded, log, injector, final, poison_r
             "chunks_not_terminal_in_time": overdue,
             "runs_still_running": runs.filter(state=Run.State.RUNNING).count(),
             "chunks_delivered_only_once": once,
-            "runs_replayed_again_after_a_lost_message": again,
+            "runs_replayed_again_after_a_lost_message": soaked.again,
             "chunks_reconciled": chunks.aggregate(n=Sum("reconciles"))["n"] or 0,
             "poison_chunk": {
                 "state": poison.state, "failure_class": poison.failure_class,
                 "deliveries": poison.deliveries, "run_id": str(poison.run_id),
                 "run_state": Run.objects.get(pk=poison.run_id).state,
             } if poison else None,
-            "final_runs": [str(r.pk) for r in final],
+            "final_runs": [str(r.pk) for r in soaked.final.values()],
+            "faults_on_chunks_by_policy": dict(injector.policies_hit),
             "chunks_in_flight_peak": peaks,
             "window": {name: window.size(get_policy(name)) for name in peaks},
         },
         errors=injector.errors,
     )
     figures = report.figures
+    figures["reminders"], reminder_checks = reminders.figures_and_checks(
+        log, seeded["hold_reminders"], started_at, soaked.final[MARK_REMINDERS_READY],
+        soaked.last_sender_run, soaked.sender_runs)
     report.checks = {
         "no renewed or confirmed hold was deleted": lost == 0,
         "no hold eligible at the last completed cutoff was left": left_behind == 0,
@@ -294,16 +336,19 @@ def _report(broker, duration, started_at, seeded, log, injector, final, poison_r
         "never more chunks of a policy in flight than its window": all(
             peak <= figures["window"][name] for name, peak in peaks.items()),
         "the window filled (chunks were planned as the runs went)":
-            peaks[EXPIRE_HOLDS] > 1,
+            peaks[EXPIRE_HOLDS] > 1 and peaks[MARK_REMINDERS_READY] > 1,
         "poison chunk dead-lettered after the limit, its run identified": bool(
             poison and poison.state == Chunk.State.DEAD_LETTERED
             and poison.failure_class == Chunk.FailureClass.POISON
             and poison.deliveries >= MAX_UNFINISHED
             and figures["poison_chunk"]["run_state"] == Run.State.COMPLETED_WITH_DEAD_LETTERS),
+        "faults hit the chunks of every policy the learners race":
+            all(injector.policies_hit[policy] > 0 for policy in faults.RACED),
         f"at least {min_faults} of each fault hit work in flight":
             all(n >= min_faults for kind, n in hits.items()
                 if kind not in (faults.CLUSTER_RESTART, faults.POISON))
             and hits[faults.CLUSTER_RESTART] >= 1 and hits[faults.POISON] == 1,
+        **reminder_checks,
     }
     if broker == "redis":
         report.checks["the reconciler re-sent lost messages"] = figures["chunks_reconciled"] >= 1

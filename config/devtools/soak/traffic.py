@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from reservations.exceptions import ReservationError
 from reservations.models import Reminder, SeatHold, Section
-from reservations.services import confirm_hold, hold_seat, release_hold, renew_hold, reminder_due
+from reservations.services import confirm_hold, hold_seat, release_hold, reminder_due, renew_hold
 
 # A reminder this close to its due time is what a mark run may be marking right now.
 FALLING_DUE = (timedelta(seconds=-1.5), timedelta(seconds=0.5))
