@@ -10,8 +10,9 @@ from reservations.management.wiping import add_wipe_arguments, exit_on_sigterm
 class Command(BaseCommand):
     help = (
         "Soak the cleanup pipeline: two qcluster subprocesses, live learner traffic, "
-        "injected faults, then checks. Deletes every tenant, section, hold and reminder "
-        "attempt first. Uses the configured broker (Q_BROKER=redis for Redis)."
+        "reminders falling due, marked and sent, injected faults, then checks. Deletes "
+        "every tenant, section, hold, reminder and reminder attempt first. Uses the "
+        "configured broker (Q_BROKER=redis for Redis)."
     )
 
     def add_arguments(self, parser) -> None:
