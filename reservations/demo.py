@@ -58,8 +58,8 @@ def run_demo(*, expired: int, active: int, racers: int, timeout: float,
     marks_run = dispatch(MARK_REMINDERS_READY).run
     due = _due_active_reminders(marks_run)
     # Learners act after planning and before the workers: their holds are in the
-    # messages, and must survive them; a hold renewed while its reminder is planned
-    # for marking keeps the reminder pending, due before the new expiry.
+    # messages, and must survive them; a hold renewed after the mark run froze its
+    # cutoff keeps its reminder pending, due before the new expiry.
     planned = [pk for pk, _ in holds_run.chunks.get(chunk_id=1).message["items"][: 2 * racers]]
     renewed = [renew_hold(pk).pk for pk in planned[:racers]]
     confirmed = [confirm_hold(pk).pk for pk in planned[racers:]]
@@ -112,10 +112,12 @@ def run_demo(*, expired: int, active: int, racers: int, timeout: float,
 
 
 def _due_active_reminders(run: Run) -> list[Reminder]:
-    """Reminders the mark run planned whose hold has not expired (they are sent)."""
-    planned = [pk for chunk in run.chunks.all() for pk, _ in chunk.message["items"]]
-    return list(Reminder.objects.filter(pk__in=planned, hold__expires_at__gt=run.cutoff)
-                .order_by("due_at"))
+    """Reminders eligible at the mark run's cutoff whose hold had not expired then: the
+    ones to be sent (the run plans them as it goes, not all at dispatch)."""
+    return list(Reminder.objects.filter(
+        state=Reminder.State.PENDING, due_at__lte=run.cutoff,
+        hold__status=SeatHold.Status.HELD, hold__expires_at__gt=run.cutoff,
+    ).order_by("due_at"))
 
 
 def _reminder_report(due: list[Reminder], moved: list[Reminder], mail: Path) -> dict:
@@ -147,7 +149,8 @@ def _reminder_checks(report: DemoReport, marks_run: Run, moved: list[Reminder]) 
             sent.count() == report.reminders["due_with_hold_active"] - len(moved)
             and ids == {message_id(r) for r in sent}
             and report.reminders["mails"] == sent.count(),
-        "a reminder whose hold was renewed after planning stayed pending, due again":
+        "a reminder whose hold was renewed after the mark run's cutoff stayed pending, "
+        "due again":
             renewed_ok,
         "no reminder left pending past its due time at the mark run's cutoff":
             not Reminder.objects.filter(state=Reminder.State.PENDING,
