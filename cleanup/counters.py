@@ -20,7 +20,7 @@ ROWS_BUCKETS = (0, 1, 10, 50, 100, 250, 500, 1000, 2500, 5000)
 _committed = Q(committed_at__isnull=False)
 _timed = _committed & Q(duration_ms__isnull=False)
 # What a chunk's statement changed, whichever its policy's mutation.
-_changed = F("rows_deleted") + F("rows_updated")
+ROWS_CHANGED = F("rows_deleted") + F("rows_updated")
 
 CHUNK_SUMS = {
     "deliveries": Sum("deliveries"),
@@ -38,8 +38,8 @@ CHUNK_SUMS = {
        for b in DURATION_BUCKETS_MS},
     # The rows histogram counts rows changed (deleted, or updated).
     "rows_count": Count("pk", filter=_committed),
-    "rows_sum": Sum(_changed, filter=_committed),
-    **{f"rows_le_{b}": Count("pk", filter=_committed & Q(LessThanOrEqual(_changed, b)))
+    "rows_sum": Sum(ROWS_CHANGED, filter=_committed),
+    **{f"rows_le_{b}": Count("pk", filter=_committed & Q(LessThanOrEqual(ROWS_CHANGED, b)))
        for b in ROWS_BUCKETS},
 }
 
@@ -67,12 +67,18 @@ def run_sums(runs: models.QuerySet) -> dict[str, dict[str, int]]:
 
 
 def all_sums() -> dict[str, dict[str, int]]:
-    """Live ledger rows plus what purges rolled up before deleting."""
+    """Live ledger rows plus what purges rolled up before deleting.
+
+    ``rows_changed`` is derived here, from the totals, so rows deleted before the
+    ledger counted updates (and rolled up since) count too.
+    """
     total = defaultdict(lambda: defaultdict(int))
     for part in (chunk_sums(Chunk.objects.all()), run_sums(Run.objects.all()), _rolled_up()):
         for policy, values in part.items():
             for key, value in values.items():
                 total[policy][key] += value
+    for values in total.values():
+        values["rows_changed"] = values["rows_deleted"] + values["rows_updated"]
     return total
 
 

@@ -10,11 +10,12 @@ from datetime import datetime, timedelta
 
 import structlog
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q, Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 from django_q.conf import Conf
 
 from cleanup import planning, sizing, transitions, window
+from cleanup.counters import ROWS_CHANGED
 from cleanup.cutoffs import frozen_cutoff
 from cleanup.exceptions import BadKey, KeyReused
 from cleanup.models import Chunk, Run
@@ -187,8 +188,7 @@ def apply_in_process(run: Run, progress: Callable[[int, int], None] | None = Non
 
 
 def _rows_changed(run: Run) -> int:
-    changed = F("rows_deleted") + F("rows_updated")
-    return Chunk.objects.filter(run=run).aggregate(n=Sum(changed))["n"] or 0
+    return Chunk.objects.filter(run=run).aggregate(n=Sum(ROWS_CHANGED))["n"] or 0
 
 
 def _in_flight(policy: Policy, within: timedelta) -> Run | None:

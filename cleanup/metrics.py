@@ -69,11 +69,7 @@ class LedgerCollector:
         for name, help_text, key in COUNTERS:
             family = CounterMetricFamily(name, help_text, labels=["policy"])
             for policy in policies:
-                values = sums[policy]
-                # Summed here, so rows deleted before the ledger kept updates count too.
-                value = (values["rows_deleted"] + values["rows_updated"]
-                         if key == "rows_changed" else values[key])
-                family.add_metric([policy], value)
+                family.add_metric([policy], sums[policy][key])
             yield family
         dead = CounterMetricFamily(
             "cleanup_dead_lettered",

@@ -125,6 +125,12 @@ class Reminder(models.Model):
     def __str__(self) -> str:
         return f"reminder {self.pk} for hold {self.hold_id} ({self.state})"
 
+    @classmethod
+    def for_hold(cls, hold: SeatHold, due_at, now) -> Reminder:
+        """The pending reminder of ``hold``, due at ``due_at`` (not saved)."""
+        return cls(tenant_id=hold.tenant_id, hold_id=hold.pk, learner_ref=hold.learner_ref,
+                   due_at=due_at, created_at=now, updated_at=now)
+
 
 class ReminderAttempt(models.Model):
     """A reminder sent to a learner about an expiring hold; purged after retention.

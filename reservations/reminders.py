@@ -111,11 +111,18 @@ def message_id(reminder: Reminder) -> str:
 def _deliver(reminder: Reminder, now: datetime, mail) -> str:
     """Send one locked ready reminder, or set it aside; returns the outcome."""
     hold = SeatHold.objects.filter(pk=reminder.hold_id).values("status", "expires_at").first()
-    if hold is None or hold["status"] != SeatHold.Status.HELD or hold["expires_at"] <= now:
-        outcome = (HOLD_GONE if hold is None else CONFIRMED
-                   if hold["status"] != SeatHold.Status.HELD else EXPIRED)
+    # The reasons cancel_moot applies in bulk, for a hold that moved on since.
+    if hold is None:
+        moot = HOLD_GONE
+    elif hold["status"] != SeatHold.Status.HELD:
+        moot = CONFIRMED
+    elif hold["expires_at"] <= now:
+        moot = EXPIRED
+    else:
+        moot = None
+    if moot is not None:
         _set(reminder, state=Reminder.State.CANCELLED, updated_at=now)
-        return outcome
+        return moot
     if hold["expires_at"] - reminder_lead() > now:
         # Renewed after it was marked: due again before the new expiry.
         _set(reminder, state=Reminder.State.PENDING, due_at=reminder_due(hold["expires_at"]),

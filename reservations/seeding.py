@@ -75,12 +75,12 @@ def seed(*, tenants: int, expired: int, active: int, confirmed: int, attempts: i
                     "n_sections": len(sections),
                     "tenant_ids": [s.tenant_id for s in sections],
                     "section_ids": [s.pk for s in sections],
-                })
+                }, SeatHold)
             reminders = _remind(cursor, before, expired + active, progress) if hold_reminders else 0
             _batches(cursor, "reminder attempts", attempts, progress, ATTEMPTS_SQL, {
                 "tenant_ids": [t.pk for t in created], "n_tenants": len(created),
                 "spread": 2 * retention,
-            })
+            }, ReminderAttempt)
     with connection.cursor() as cursor:
         # Fresh statistics, so the planner picks the indexes cleanup relies on.
         for model in (SeatHold, Reminder, ReminderAttempt):
@@ -115,10 +115,8 @@ def _remind(cursor, before: int, held: int, progress) -> int:
     return made
 
 
-def _batches(cursor, what, count, progress, sql, params) -> None:
-    statement = sql.format(
-        table=ReminderAttempt._meta.db_table if sql is ATTEMPTS_SQL else SeatHold._meta.db_table,
-    )
+def _batches(cursor, what, count, progress, sql, params, model) -> None:
+    statement = sql.format(table=model._meta.db_table)
     for first in range(1, count + 1, BATCH):
         last = min(first + BATCH - 1, count)
         cursor.execute(statement, {**params, "first": first, "last": last})

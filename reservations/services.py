@@ -34,9 +34,7 @@ def hold_seat(section_id: int, learner_ref: str, *, now: datetime | None = None)
             created_at=now,
             updated_at=now,
         )
-        Reminder.objects.create(tenant_id=hold.tenant_id, hold=hold, learner_ref=learner_ref,
-                                due_at=reminder_due(hold.expires_at), created_at=now,
-                                updated_at=now)
+        Reminder.for_hold(hold, reminder_due(hold.expires_at), now).save()
         return hold
 
 
@@ -133,10 +131,7 @@ def _remind_again(hold: SeatHold, now: datetime) -> None:
         due_at=reminder_due(hold.expires_at), state=Reminder.State.PENDING, ready_at=None,
         updated_at=now)
     if not moved and not reminder.exists():
-        Reminder.objects.create(tenant_id=hold.tenant_id, hold=hold,
-                                learner_ref=hold.learner_ref,
-                                due_at=reminder_due(hold.expires_at), created_at=now,
-                                updated_at=now)
+        Reminder.for_hold(hold, reminder_due(hold.expires_at), now).save()
 
 
 def _unsent_reminder(hold: SeatHold):

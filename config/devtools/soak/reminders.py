@@ -28,11 +28,9 @@ DUE_PER_SECOND = 10
 
 def remind(holds: Iterable[SeatHold]) -> int:
     """Give each hold its pending reminder, as hold_seat would have; return how many."""
+    now = timezone.now()
     return len(Reminder.objects.bulk_create(
-        Reminder(tenant_id=hold.tenant_id, hold_id=hold.pk, learner_ref=hold.learner_ref,
-                 due_at=reminder_due(hold.expires_at))
-        for hold in holds
-    ))
+        Reminder.for_hold(hold, reminder_due(hold.expires_at), now) for hold in holds))
 
 
 def seed_falling_due(duration: float, now: datetime) -> tuple[int, int]:
