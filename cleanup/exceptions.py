@@ -47,3 +47,29 @@ class MalformedMessage(CleanupError):
         self.reason = reason
         self.run_id = run_id
         self.chunk_id = chunk_id
+
+
+CAUSE_LENGTH = 255
+
+
+def cause_of(error: str) -> str:
+    """The line of an error text an operator reads first: the exception itself.
+
+    For a traceback that is the first line after its last frame, without the module
+    path (``OperationalError: canceling statement due to lock timeout``), not the
+    ``CONTEXT:`` or ``DETAIL:`` lines PostgreSQL adds after it; for a plain reason,
+    its first line.
+    """
+    lines = [line for line in error.strip().splitlines() if line.strip()]
+    start = max((i for i, line in enumerate(lines) if line.startswith("Traceback (")),
+                default=None)
+    if start is not None:
+        after = [line for line in lines[start + 1:] if not line[:1].isspace()]
+        lines = after or lines
+    if not lines:
+        return ""
+    first = lines[0].strip()
+    name, sep, message = first.partition(": ")
+    if sep and " " not in name and "." in name:
+        first = f"{name.rsplit('.', 1)[1]}: {message}"
+    return first[:CAUSE_LENGTH]

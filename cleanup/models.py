@@ -177,7 +177,17 @@ class Chunk(models.Model):
     items_skipped = models.PositiveIntegerField(
         default=0, help_text="Planned rows no longer eligible when the chunk ran."
     )
-    last_error = models.TextField(blank=True)
+    last_error = models.TextField(
+        blank=True, help_text="The last real error a delivery met, in full (a traceback)."
+    )
+    cause = models.CharField(
+        max_length=255, blank=True, help_text="The last error's own line: what the operator "
+        "reads first, and what dead letters are grouped by."
+    )
+    verdict = models.TextField(
+        blank=True, help_text="Why the engine dead-lettered it, where that is not the error "
+        "itself (deliveries that kept dying)."
+    )
     received_message = models.TextField(
         blank=True, help_text="The message a refused delivery carried, where it differed "
         "from the message as sent."

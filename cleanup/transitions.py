@@ -31,6 +31,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from cleanup import window
+from cleanup.exceptions import cause_of
 from cleanup.models import Chunk, Run
 
 log = structlog.get_logger("cleanup.ledger")
@@ -83,6 +84,7 @@ def retry(chunk: Chunk, *, error: str, retries: int) -> bool:
         failures=F("failures") + 1,
         transient_retries=F("transient_retries") + retries,
         last_error=error,
+        cause=cause_of(error),
     ))
 
 
@@ -90,13 +92,21 @@ def dead_letter(chunk: Chunk, reason: str, failure_class: str, *,
                 received: str = "") -> bool:
     """unfinished → dead_lettered with the class of its failure (and the message the
     delivery carried, where it differs from the one sent); False if it had finished
-    (a committed chunk is never dead-lettered)."""
+    (a committed chunk is never dead-lettered).
+
+    A poison verdict ("deliveries kept dying") is not an error of its own: the last
+    real error the deliveries met (a lock timeout) stays the chunk's cause beside it.
+    """
+    if failure_class == Chunk.FailureClass.POISON:
+        error = {"verdict": reason}
+    else:
+        error = {"verdict": "", "last_error": reason, "cause": cause_of(reason)}
     with transaction.atomic():
         updated = Chunk.objects.filter(pk=chunk.pk, state__in=UNFINISHED).update(
             state=Chunk.State.DEAD_LETTERED,
             dead_lettered_at=timezone.now(),
-            last_error=reason,
             failure_class=failure_class,
+            **error,
             dead_letters=F("dead_letters") + 1,
             **({"received_message": received} if received else {}),
         )
