@@ -449,9 +449,8 @@ class ChunkAdmin(LedgerAdmin):
 
     @admin.display(description="reason")
     def reason(self, chunk):
-        """The last error's last line: what the operator reads first."""
-        lines = chunk.last_error.strip().splitlines()
-        return lines[-1] if lines else "-"
+        """What the operator reads first: the error's own line, then the verdict."""
+        return chunk.failure_summary or "-"
 
     def lookup_allowed(self, lookup, value, request=None):
         return lookup in ("run", "run__id__exact") or super().lookup_allowed(
@@ -501,10 +500,11 @@ class ChunkAdmin(LedgerAdmin):
 
     @admin.display(description="last error")
     def error(self, chunk):
-        lines = chunk.last_error.strip().splitlines()
-        if not lines:
+        """The last real error's own line, and the poison verdict beside it."""
+        summary = chunk.failure_summary
+        if not summary:
             return ""
-        return format_html('<span title="{}">{}</span>', lines[-1], _shorten(lines[-1], 40))
+        return format_html('<span title="{}">{}</span>', summary, _shorten(summary, 60))
 
     @admin.display(description="message as sent")
     def message_as_sent(self, chunk):
@@ -539,16 +539,20 @@ class ChunkAdmin(LedgerAdmin):
                 request, queryset, "replay_chunks", "Replay chunks",
                 "Each selected chunk is sent again with its run's own cutoff. Committed "
                 "chunks turn into no-ops; dead-lettered ones are requeued.")
+        # Exactly the chunks selected, grouped by run: without the model's ordering,
+        # which would join the run into the query.
+        selected: dict = {}
+        for run_id, chunk_id in queryset.order_by().values_list("run_id", "chunk_id"):
+            selected.setdefault(run_id, []).append(chunk_id)
         resent = skipped = 0
-        for run_id in queryset.values_list("run_id", flat=True).distinct():
-            seqs = list(queryset.filter(run_id=run_id).values_list("chunk_id", flat=True))
+        for run_id, chunk_ids in selected.items():
             try:
-                result = replay(run_id, chunk_ids=seqs)
+                result = replay(run_id, chunk_ids=chunk_ids)
             except CleanupError as exc:
                 self.message_user(request, str(exc), messages.ERROR)
                 continue
             resent, skipped = resent + result.resent, skipped + result.skipped
-            self.log_change(request, result.run, f"Replayed chunks {seqs}")
+            self.log_change(request, result.run, f"Replayed chunks {sorted(chunk_ids)}")
         self.report(request, operations.ActionResult(resent, skipped),
                     "%(count)d chunk re-sent.", "%(count)d chunks re-sent.",
                     "%(count)d discarded or cancelled chunks were left alone.")

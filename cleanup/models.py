@@ -220,6 +220,14 @@ class Chunk(models.Model):
         """What the chunk's statement changed: rows deleted, or updated."""
         return self.rows_deleted + self.rows_updated
 
+    @property
+    def failure_summary(self) -> str:
+        """What went wrong in one line: the error's own line, then the engine's verdict
+        ("OperationalError: canceling statement due to lock timeout; 5 deliveries
+        started without completing (limit 5)")."""
+        verdict = self.verdict.strip().splitlines()[0] if self.verdict.strip() else ""
+        return "; ".join(part for part in (self.cause, verdict) if part)
+
 
 class OrphanMessage(models.Model):
     """A dead-lettered message that no chunk took: it names no chunk this database

@@ -26,14 +26,32 @@ class ActionResult:
     affected: tuple = ()  # pks of the rows the action changed
 
 
-def chunk_pks(run: Run, chunk_ids: Iterable[int] | None, *, state: str | None = None) -> list[int]:
-    """Translate a run's chunk ids into chunk pks; all chunks (in ``state``) if none given."""
+class AllChunks:
+    """The explicit "every chunk of the run" selection (an empty list selects none)."""
+
+    def __repr__(self) -> str:
+        return "ALL_CHUNKS"
+
+
+ALL_CHUNKS = AllChunks()
+
+
+def chunk_pks(run: Run, chunk_ids: Iterable[int] | AllChunks, *,
+              state: str | None = None) -> list[int]:
+    """Translate a run's chunk ids into chunk pks; ``ALL_CHUNKS`` (in ``state``) for all.
+
+    An empty selection is refused: a caller whose filter matched nothing must never
+    act on the whole run by accident.
+    """
     chunks = Chunk.objects.filter(run=run)
-    if not chunk_ids:
+    if chunk_ids is ALL_CHUNKS:
         if state is not None:
             chunks = chunks.filter(state=state)
-        return list(chunks.values_list("pk", flat=True))
-    chunk_ids = sorted(set(chunk_ids))
+        return list(chunks.order_by("chunk_id").values_list("pk", flat=True))
+    chunk_ids = sorted(set(chunk_ids or ()))
+    if not chunk_ids:
+        raise CleanupError(f"no chunk of run {run.id} selected; name chunk ids, or ask for "
+                           "all of its chunks")
     found = dict(chunks.filter(chunk_id__in=chunk_ids).values_list("chunk_id", "pk"))
     missing = [number for number in chunk_ids if number not in found]
     if missing:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -33,14 +34,15 @@ class ReplayResult:
 def replay(
     run_id,
     *,
-    chunk_ids: list[int] | None = None,
+    chunk_ids: Iterable[int] | operations.AllChunks = operations.ALL_CHUNKS,
     new_cutoff: datetime | None = None,
     trigger: str = Run.Trigger.REPLAY,
 ) -> ReplayResult:
     """Re-send a run's chunks, or dispatch a new run linked to it with a later cutoff.
 
     With the same cutoff, committed chunks are re-sent too: their delivery is a no-op.
-    A dead-lettered chunk goes back to enqueued and its run reopens.
+    A dead-lettered chunk goes back to enqueued and its run reopens. ``chunk_ids`` names
+    the chunks to re-send (every chunk by default); an empty selection is refused.
     """
     run = get_run(run_id)
     if new_cutoff is not None:

@@ -353,7 +353,7 @@ def test_poison_chunk_is_dead_lettered_after_the_limit(expired_holds, settings):
     chunk.refresh_from_db()
     assert chunk.state == Chunk.State.DEAD_LETTERED
     assert chunk.failure_class == Chunk.FailureClass.POISON
-    assert "3 deliveries started without completing" in chunk.last_error
+    assert "3 deliveries started without completing" in chunk.verdict
     assert SeatHold.objects.count() == 5
 
 

@@ -1,6 +1,7 @@
+from cleanup import operations
 from cleanup.cutoffs import parse_cutoff
 from cleanup.exceptions import CleanupError
-from cleanup.management.base import CleanupCommand, count
+from cleanup.management.base import RUN_HELP, CleanupCommand, WholeNumber, count
 from cleanup.models import Run
 from cleanup.replay import replay
 
@@ -14,8 +15,8 @@ class Command(CleanupCommand):
     def add_arguments(self, parser) -> None:
         super().add_arguments(parser)
         parser.add_argument("run_id", metavar="RUN_ID",
-                            help="The run: its id or a unique prefix of it, as the admin shows it.")
-        parser.add_argument("--chunk", type=int, action="append", dest="chunks",
+                            help=RUN_HELP)
+        parser.add_argument("--chunk", type=WholeNumber(), action="append", dest="chunks",
                             metavar="ID", help="Only this chunk (repeatable).")
         parser.add_argument("--new-cutoff", help="ISO-8601 with offset, not in the future "
                             "and not before the run's own cutoff.")
@@ -25,7 +26,7 @@ class Command(CleanupCommand):
             raise CleanupError("--chunk and --new-cutoff cannot be combined")
         result = replay(
             run_id,
-            chunk_ids=chunks,
+            chunk_ids=chunks or operations.ALL_CHUNKS,  # no --chunk: the whole run
             new_cutoff=None if new_cutoff is None else parse_cutoff(new_cutoff, "new cutoff"),
             trigger=Run.Trigger.REPLAY,
         )
