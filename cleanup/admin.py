@@ -10,45 +10,55 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import Count, F, Q, Sum
+from django.db.models import Count, F, Q, Sum, TextField
+from django.db.models.functions import Cast
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import ngettext
 
+from cleanup import display, operations, planning, triage
 from cleanup import health as health_report
-from cleanup import operations, planning
 from cleanup.conf import lease
 from cleanup.dispatch import dispatch
 from cleanup.exceptions import CleanupError
 from cleanup.forms import DiscardForm, DispatchForm, NewCutoffForm
 from cleanup.models import Chunk, CleanupOverview, OrphanMessage, Run, Slot
-from cleanup.overview import overview
+from cleanup.overview import banner, overview
 from cleanup.policies import get_policy
 from cleanup.replay import replay
 from cleanup.status import run_summary
 
 CHUNKS_PER_PAGE = 50
+OVERVIEW_REFRESH_SECONDS = 5
+# Each run and chunk state's badge class; its colour is in cleanup/static/cleanup/console.css
+# (tests/test_console_lists.py checks every class has a rule there).
 STATE_COLOURS = {
-    "planned": "#777", "enqueued": "#2a6ebb", "retrying": "#c77c00", "committed": "#2f8f2f",
-    "acknowledged": "#1d6b1d", "dead_lettered": "#b00020", "discarded": "#555",
-    "cancelled": "#555", "running": "#2a6ebb", "completed": "#1d6b1d",
-    "completed_with_dead_letters": "#b00020",
+    "planned": "state-planned", "enqueued": "state-enqueued", "retrying": "state-retrying",
+    "committed": "state-committed", "acknowledged": "state-acknowledged",
+    "dead_lettered": "state-dead-lettered", "discarded": "state-discarded",
+    "cancelled": "state-cancelled", "running": "state-running", "completed": "state-completed",
+    "completed_with_dead_letters": "state-completed-with-dead-letters",
 }
-
+SLOT_OUTCOMES = {"fired": "fired, not dispatched", "started": "started a run",
+                 "coalesced": "coalesced"}
 
 # Labels short enough for the runs list; the full one is the badge's title.
 SHORT_RUN_STATES = {"completed_with_dead_letters": "Dead letters"}
 
 
 def badge(state: str, label: str, title: str = ""):
-    return format_html(
-        '<span title="{}" style="background:{};color:#fff;padding:1px 6px;border-radius:8px;'
-        'white-space:nowrap">{}</span>', title or label, STATE_COLOURS.get(state, "#555"),
-        label,
-    )
+    """A run's or chunk's state; one written by hand past the choices shows as unknown."""
+    if state not in STATE_COLOURS:
+        return unknown_badge(state)
+    return display.badge(state, label, title)
+
+
+def unknown_badge(value: str, what: str = "state"):
+    return display.badge("unknown", f"unknown: {value}", f"a {what} the code does not know")
 
 
 def run_totals(run: Run) -> dict:
@@ -71,6 +81,38 @@ def run_totals(run: Run) -> dict:
 
 def _shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def runs_by_short_id(text: str) -> list:
+    """The ids of the runs a full id or an 8-hex-digit short id names."""
+    parsed = display.parse_id(text)
+    if parsed is None:
+        return []
+    if not isinstance(parsed, str):
+        return list(Run.objects.filter(pk=parsed).values_list("pk", flat=True))
+    return list(Run.objects.annotate(id_text=Cast("id", TextField()))
+                .filter(id_text__startswith=parsed).order_by().values_list("pk", flat=True)[:20])
+
+
+def chunk_table(request, run: Run) -> dict:
+    """The run page's chunk table: one state at a time if asked, paged for big runs."""
+    counts = dict(run.chunks.order_by().values_list("state").annotate(n=Count("pk")))
+    state = request.GET.get("chunk_state", "")
+    chunks = run.chunks.order_by("chunk_id")
+    if state in counts:
+        chunks = chunks.filter(state=state)
+    else:
+        state = ""
+    page = Paginator(chunks, CHUNKS_PER_PAGE).get_page(request.GET.get("chunks"))
+    return {
+        "chunk_page": page,
+        "chunk_pages": page.paginator.get_elided_page_range(page.number, on_each_side=2,
+                                                            on_ends=1),
+        "chunk_state": state,
+        "chunk_states": [(choice, label, counts[choice]) for choice, label
+                         in Chunk.State.choices if choice in counts],
+        "chunk_total": sum(counts.values()),
+    }
 
 
 class FoundWorkFilter(admin.SimpleListFilter):
@@ -104,6 +146,10 @@ def actor(request) -> str:
 
 class LedgerAdmin(admin.ModelAdmin):
     """Ledger rows are written by the engine only: no add, change or delete by hand."""
+
+    class Media:
+        # The console's badges, instants and column widths, on each of its pages.
+        css = {"all": ("cleanup/console.css",)}
 
     def has_add_permission(self, request):
         return False
@@ -158,9 +204,25 @@ class LedgerAdmin(admin.ModelAdmin):
             "form": form,
             "opts": self.model._meta,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "selected": [str(pk) for pk in queryset.values_list("pk", flat=True)],
+            "selected": [str(pk) for pk in queryset.order_by().values_list("pk", flat=True)],
+            "next": self._next_url(request) or "",
+            "back": self._next_url(request) or request.get_full_path(),
         }
         return TemplateResponse(request, "admin/cleanup/confirm_action.html", context)
+
+    def _next_url(self, request) -> str | None:
+        """The page the operator acted from (a chunk page, the dead-letter groups), if the
+        action was sent from one; None sends them back to the list they acted on."""
+        target = request.POST.get("next", "")
+        if target and url_has_allowed_host_and_scheme(
+                target, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+            return target
+        return None
+
+    def back_to_where_they_were(self, request):
+        """After an action: the page it was sent from, or (None) the list it ran on."""
+        target = self._next_url(request)
+        return HttpResponseRedirect(target) if target else None
 
 
 @admin.register(Run)
@@ -168,7 +230,7 @@ class RunAdmin(LedgerAdmin):
     # Fits a 1366 px laptop with the sidebar open: two-line cells for what belongs
     # together, the cutoff to the second (exact in its title and on the run page).
     list_display = ("short_id", "policy_scheme", "cutoff_short", "state_badge", "progress",
-                    "rows_changed", "dead_letters", "duration")
+                    "rows_changed", "duration")
     list_filter = ("policy", FoundWorkFilter, "state", "trigger")
     search_fields = ("dispatch_key",)
     actions = ["replay_runs", "cancel_runs"]
@@ -187,18 +249,17 @@ class RunAdmin(LedgerAdmin):
 
     @admin.display(description="run", ordering="created_at")
     def short_id(self, run):
-        return format_html('{}<br><small title="what started it">{}</small>', str(run.id)[:8],
-                           self.started_by(run))
+        return format_html('{}<br><small title="what started it">{}</small>',
+                           display.id_html(run.id), self.started_by(run))
 
     @admin.display(description="policy", ordering="policy")
     def policy_scheme(self, run):
-        return format_html('{}<br><small>{}</small>', run.policy, run.scheme)
+        return format_html('<span class="policy-name">{}</span><br><small>{}</small>',
+                           run.policy, run.scheme)
 
     @admin.display(description="cutoff", ordering="cutoff")
     def cutoff_short(self, run):
-        exact = run.cutoff.isoformat(timespec="microseconds")
-        return format_html('<span title="{}" style="white-space:nowrap">{}</span>', exact,
-                           run.cutoff.strftime("%Y-%m-%d %H:%M:%S"))
+        return display.moment_html(run.cutoff, relative=True)
 
     @admin.display(description="cutoff", ordering="cutoff")
     def cutoff_exact(self, run):
@@ -213,10 +274,11 @@ class RunAdmin(LedgerAdmin):
 
     @admin.display(description="started by", ordering="trigger")
     def started_by(self, run):
+        # Not a link: the list links the whole first cell to the run (the run page links
+        # the run it replayed).
         if run.replay_of_id:
-            url = reverse("admin:cleanup_run_change", args=[run.replay_of_id])
-            return format_html('{} of run <a href="{}">{}</a>', run.get_trigger_display(),
-                               url, str(run.replay_of_id)[:8])
+            return format_html("{} of run {}", run.get_trigger_display(),
+                               display.id_html(run.replay_of_id))
         return run.get_trigger_display()
 
     @admin.display(description="replay of")
@@ -234,10 +296,14 @@ class RunAdmin(LedgerAdmin):
     @admin.display(description="progress")
     def progress(self, run):
         # A run still planning as it goes has more chunks to come than planned so far.
-        planned = f"{run.chunks_planned}" if run.planned_all else f"{run.chunks_planned}+"
-        return format_html('<span style="white-space:nowrap"><progress value="{}" max="{}" '
-                           'style="width:4em"></progress> {}/{}</span>', run.done,
-                           max(run.chunks_planned, 1), run.done, planned)
+        planned = display.number(run.chunks_planned) + ("" if run.planned_all else "+")
+        bar = format_html('<span class="nowrap"><progress value="{}" max="{}" '
+                          'style="width:4em"></progress> {}/{}</span>', run.done,
+                          max(run.chunks_planned, 1), display.number(run.done), planned)
+        if not run.dead:
+            return bar
+        return format_html('{}<br><small class="dead-letters">{}</small>', bar,
+                           self.dead_letters(run))
 
     @admin.display(description="planning")
     def planning_progress(self, run):
@@ -253,17 +319,22 @@ class RunAdmin(LedgerAdmin):
 
     @admin.display(description="changed", ordering="changed")
     def rows_changed(self, run):
-        """Rows the run's chunks deleted or, for an update policy, updated."""
-        return run.changed
+        """Rows the run's chunks deleted or, for an update policy, updated, of the rows
+        found eligible."""
+        return format_html('{}<br><small title="rows found eligible in the chunks planned so '
+                           'far">of {}</small>', display.number(run.changed),
+                           display.number(run.candidates))
 
-    @admin.display(description="dead", ordering="dead")
+    @admin.display(description="dead letters", ordering="dead")
     def dead_letters(self, run):
-        return run.dead or ""
+        return f"{display.number(run.dead)} dead" if run.dead else ""
 
     @admin.display(description="took")
     def duration(self, run):
         seconds = ((run.finished_at or timezone.now()) - run.created_at).total_seconds()
-        return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+        if run.finished_at is None:
+            return format_html("{}<br><small>so far</small>", display.duration(seconds))
+        return display.duration(seconds)
 
     @admin.action(description="Replay selected runs with their own cutoff",
                   permissions=["replay"])
@@ -303,13 +374,30 @@ class RunAdmin(LedgerAdmin):
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         run = self.get_object(request, object_id)
+        if run is None and (found := runs_by_short_id(object_id)):
+            # The short id the console shows, in a URL: the run it names.
+            if len(found) == 1:
+                return HttpResponseRedirect(reverse("admin:cleanup_run_change",
+                                                    args=[found[0]]))
+            return HttpResponseRedirect(
+                reverse("admin:cleanup_run_changelist") + f"?q={object_id}&work=all")
         extra_context = extra_context or {}
         if run is not None:
-            chunks = Paginator(run.chunks.order_by("chunk_id"), CHUNKS_PER_PAGE)
-            extra_context["chunk_page"] = chunks.get_page(request.GET.get("chunks"))
+            extra_context.update(chunk_table(request, run))
             extra_context["can_replay"] = self.has_replay_permission(request)
+            extra_context["can_requeue"] = self.has_requeue_permission(request)
+            extra_context["can_discard"] = self.has_discard_permission(request)
             extra_context["totals"] = run_totals(run)
         return super().change_view(request, object_id, form_url, extra_context)
+
+    def get_search_results(self, request, queryset, search_term):
+        """A run's full id or the short id the console shows finds that run; any other
+        text searches the dispatch keys (a replay's key names the run it replays)."""
+        if display.parse_id(search_term) is not None:
+            by_id = queryset.filter(pk__in=runs_by_short_id(search_term))
+            if by_id.exists():
+                return by_id, False
+        return super().get_search_results(request, queryset, search_term)
 
     def changelist_view(self, request, extra_context=None):
         extra_context = {**(extra_context or {}),
@@ -413,6 +501,8 @@ class ChunkAdmin(LedgerAdmin):
     list_display_links = None  # the label links to the chunk, its second line to the run
     list_filter = (ChunkStateFilter, "failure_class", "run__policy")
     list_select_related = ("run",)
+    search_fields = ("cause",)
+    search_help_text = "A run's id (or the 8 digits the console shows), or an error's text."
     actions = ["replay_chunks", "requeue_chunks", "discard_chunks"]
     fieldsets = [
         (None, {"fields": ("run_link", "chunk_id", "state", "planned_rows")}),
@@ -453,37 +543,40 @@ class ChunkAdmin(LedgerAdmin):
         return chunk.failure_summary or "-"
 
     def lookup_allowed(self, lookup, value, request=None):
-        return lookup in ("run", "run__id__exact") or super().lookup_allowed(
+        # A run's chunks (its page links here) and a dead-letter group (by its cause).
+        return lookup in ("run", "run__id__exact", "cause") or super().lookup_allowed(
             lookup, value, request)
 
     @admin.display(description="chunk", ordering="run__created_at")
     def label(self, chunk):
         return format_html(
-            '<a href="{}">#{}</a><br><small><a href="{}" title="{}">{}</a> {}</small>',
+            '<a href="{}">#{}</a><br><small>{} <span class="policy-name">{}</span></small>',
             reverse("admin:cleanup_chunk_change", args=[chunk.pk]), chunk.chunk_id,
-            reverse("admin:cleanup_run_change", args=[chunk.run_id]), chunk.run_id,
-            str(chunk.run_id)[:8], chunk.run.policy)
+            display.id_html(chunk.run_id, reverse("admin:cleanup_run_change",
+                                                  args=[chunk.run_id])), chunk.run.policy)
 
     @admin.display(description="tries", ordering="deliveries")
     def tries(self, chunk):
-        return chunk.deliveries
+        return display.number(chunk.deliveries)
 
     @admin.display(description="changed")
     def changed(self, chunk):
         """Rows deleted or, for an update policy, updated."""
-        return chunk.rows_changed
+        return display.number(chunk.rows_changed)
 
     @admin.display(description="failure", ordering="failure_class")
     def failure(self, chunk):
-        return chunk.failure_class or ""
+        """The failure's class, its description on hover."""
+        if not chunk.failure_class:
+            return ""
+        return format_html('<span class="nowrap" title="{}">{}</span>',
+                           chunk.get_failure_class_display(), chunk.failure_class)
 
     @admin.display(description="last change")
     def when(self, chunk):
         moment = (chunk.acknowledged_at or chunk.committed_at or chunk.dead_lettered_at
                   or chunk.discarded_at or chunk.last_delivery_at or chunk.planned_at)
-        return format_html('<span title="{}" style="white-space:nowrap">{}</span>',
-                           moment.isoformat(timespec="microseconds"),
-                           moment.strftime("%m-%d %H:%M:%S"))
+        return display.moment_html(moment, relative=True)
 
     @admin.display(description="run", ordering="run__created_at")
     def run_link(self, chunk):
@@ -500,11 +593,16 @@ class ChunkAdmin(LedgerAdmin):
 
     @admin.display(description="last error")
     def error(self, chunk):
-        """The last real error's own line, and the poison verdict beside it."""
+        """The last real error's own line, and the poison verdict below it."""
         summary = chunk.failure_summary
         if not summary:
             return ""
-        return format_html('<span title="{}">{}</span>', summary, _shorten(summary, 60))
+        if not chunk.cause or not chunk.verdict.strip():
+            return format_html('<span title="{}">{}</span>', summary, _shorten(summary, 60))
+        # Both: the verdict (why the engine gave up) must not be cut off behind the cause.
+        verdict = chunk.verdict.strip().splitlines()[0]
+        return format_html('<span title="{}">{}<br><small>{}</small></span>', summary,
+                           _shorten(chunk.cause, 60), _shorten(verdict, 60))
 
     @admin.display(description="message as sent")
     def message_as_sent(self, chunk):
@@ -556,15 +654,23 @@ class ChunkAdmin(LedgerAdmin):
         self.report(request, operations.ActionResult(resent, skipped),
                     "%(count)d chunk re-sent.", "%(count)d chunks re-sent.",
                     "%(count)d discarded or cancelled chunks were left alone.")
+        return self.back_to_where_they_were(request)
 
     @admin.action(description="Requeue selected dead-lettered chunks", permissions=["requeue"])
     def requeue_chunks(self, request, queryset):
+        if request.POST.get("post") != "yes":
+            return self.confirmation(
+                request, queryset, "requeue_chunks", "Requeue chunks",
+                "Each dead-lettered chunk goes back to the queue with its run's own cutoff, "
+                "its run reopens, and the poison limit counts afresh. Other chunks are left "
+                "alone.")
         result = operations.requeue([c.pk for c in queryset], actor=actor(request))
         for chunk in Chunk.objects.filter(pk__in=result.affected):
             self.log_change(request, chunk, "Requeued")
         self.report(request, result, "%(count)d chunk requeued.", "%(count)d chunks requeued.",
                     "%(count)d chunks were not dead-lettered (or their run was cancelled) "
                     "and were left alone.")
+        return self.back_to_where_they_were(request)
 
     @admin.action(description="Discard selected dead-lettered chunks", permissions=["discard"])
     def discard_chunks(self, request, queryset):
@@ -581,28 +687,121 @@ class ChunkAdmin(LedgerAdmin):
         self.report(request, result, "%(count)d chunk discarded.",
                     "%(count)d chunks discarded.",
                     "%(count)d chunks were not dead-lettered and were left alone.")
+        return self.back_to_where_they_were(request)
+
+    def get_urls(self):
+        return [
+            path("dead-letters/", self.admin_site.admin_view(self.dead_letters_view),
+                 name="cleanup_chunk_dead_letters"),
+        ] + super().get_urls()
+
+    def dead_letters_view(self, request):
+        """Dead letters grouped by cause, each group requeued or discarded as one."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        policy = request.GET.get("policy") or None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Dead letters by cause",
+            "opts": self.opts,
+            "groups": triage.dead_letter_groups(policy=policy),
+            "policy": policy,
+            "can_requeue": self.has_requeue_permission(request),
+            "can_discard": self.has_discard_permission(request),
+        }
+        return TemplateResponse(request, "admin/cleanup/chunk/dead_letters.html", context)
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {**(extra_context or {}),
+                         "dead_letter_groups_url": reverse("admin:cleanup_chunk_dead_letters")}
+        return super().changelist_view(request, extra_context)
+
+    def get_search_results(self, request, queryset, search_term):
+        """A run's full or short id finds its chunks; other text searches the causes."""
+        if display.parse_id(search_term) is not None:
+            runs = runs_by_short_id(search_term)
+            if runs:
+                return queryset.filter(run_id__in=runs), False
+        return super().get_search_results(request, queryset, search_term)
 
 
 @admin.register(Slot)
 class SlotAdmin(LedgerAdmin):
     """The trigger ledger: each schedule slot the scheduler fired and what it did."""
 
-    list_display = ("policy", "slot_at", "fired_at", "outcome", "run_link", "dispatched_at")
+    list_display = ("policy_name", "slot", "fired", "outcome_badge", "run_link", "dispatched")
     list_filter = ("policy", "outcome")
-    readonly_fields = list_display
+    fields = ("policy", "slot_at", "fired_at", "dispatched_at", "outcome", "run_link")
+    readonly_fields = fields
+
+    @admin.display(description="policy", ordering="policy")
+    def policy_name(self, slot):
+        return format_html('<span class="policy-name">{}</span>', slot.policy)
+
+    @admin.display(description="slot", ordering="slot_at")
+    def slot(self, slot):
+        return display.moment_html(slot.slot_at)
+
+    @admin.display(description="fired at", ordering="fired_at")
+    def fired(self, slot):
+        """When the scheduler fired it: the date only where it is not the slot's."""
+        return display.moment_html(slot.fired_at, relative=True,
+                                   date=slot.fired_at.date() != slot.slot_at.date())
+
+    @admin.display(description="outcome", ordering="outcome")
+    def outcome_badge(self, slot):
+        if slot.outcome not in SLOT_OUTCOMES:
+            return unknown_badge(slot.outcome, "outcome")
+        return display.badge(slot.outcome, SLOT_OUTCOMES[slot.outcome],
+                             slot.get_outcome_display())
 
     @admin.display(description="run")
     def run_link(self, slot):
         if not slot.run_id:
             return "-"
-        url = reverse("admin:cleanup_run_change", args=[slot.run_id])
-        return format_html('<a href="{}">{}</a>', url, str(slot.run_id)[:8])
+        return display.id_html(slot.run_id, reverse("admin:cleanup_run_change",
+                                                    args=[slot.run_id]))
+
+    @admin.display(description="dispatched", ordering="dispatched_at")
+    def dispatched(self, slot):
+        """When a worker dispatched it, and how long after the scheduler fired it."""
+        if slot.dispatched_at is None:
+            return "-"
+        same_day = slot.dispatched_at.date() == slot.fired_at.date()
+        return format_html("{}<br><small>{} after firing</small>",
+                           display.moment_html(slot.dispatched_at, date=not same_day),
+                           display.duration((slot.dispatched_at - slot.fired_at)
+                                            .total_seconds()))
+
+
+# An orphan's raw text can be a whole items message (about 100 KB): the list shows its start.
+RAW_PREVIEW = 100
 
 
 @admin.register(OrphanMessage)
 class OrphanMessageAdmin(LedgerAdmin):
-    list_display = ("received_at", "error", "raw")
-    readonly_fields = ("received_at", "error", "raw")
+    """Messages no chunk took: when, what they named, why, and how they began."""
+
+    list_display = ("received", "named", "error", "raw_start")
+    fields = ("received_at", "run_id", "chunk_id", "error", "raw")
+    readonly_fields = fields
+
+    @admin.display(description="received", ordering="received_at")
+    def received(self, orphan):
+        return display.moment_html(orphan.received_at, relative=True)
+
+    @admin.display(description="named")
+    def named(self, orphan):
+        """The run and chunk it named, where they could be read."""
+        if orphan.run_id is None:
+            return "-"
+        chunk = "" if orphan.chunk_id is None else f" #{orphan.chunk_id}"
+        return format_html("{}{}", display.id_html(orphan.run_id), chunk)
+
+    @admin.display(description="message")
+    def raw_start(self, orphan):
+        return format_html('<code title="{} characters">{}</code>', display.number(
+            len(orphan.raw)), _shorten(orphan.raw, RAW_PREVIEW))
 
 
 @admin.register(CleanupOverview)
@@ -619,13 +818,19 @@ class CleanupOverviewAdmin(LedgerAdmin):
     def changelist_view(self, request, extra_context=None):
         if not self.has_view_permission(request):
             raise PermissionDenied
+        now = timezone.now()
+        policies = overview(now)
+        clusters = health_report.report()[1].get("clusters", [])
         context = {
             **self.admin_site.each_context(request),
             "title": "Cleanup overview",
             "opts": self.opts,
-            "policies": overview(),
-            "clusters": health_report.report()[1].get("clusters", []),
+            "policies": policies,
+            "clusters": clusters,
+            "alerts": banner(policies, clusters),
+            "now": now,
             "lease": lease(),
+            "refresh_seconds": OVERVIEW_REFRESH_SECONDS,
         }
         return TemplateResponse(request, "admin/cleanup/cleanupoverview/overview.html",
                                 context)

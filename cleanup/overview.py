@@ -18,7 +18,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django_q.models import Schedule
 
-from cleanup import triggers
+from cleanup import display, triggers
 from cleanup.conf import conf, lease
 from cleanup.expressions import Clamped
 from cleanup.models import Chunk, Run
@@ -36,6 +36,20 @@ class ScheduleStatus:
     missed: bool = False
     undispatched: int = 0  # slots fired but taken by no worker within the lease
     period: timedelta | None = None
+
+
+UNSCHEDULED_BACKLOG_LIMIT = timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One thing the overview's banner says, as the alert rules would page for it."""
+
+    policy: str | None
+    kind: str
+    title: str
+    detail: str
+    level: str = "critical"
 
 
 @dataclass(frozen=True)
@@ -64,6 +78,58 @@ class PolicyOverview:
     def stalled(self) -> bool:
         """Work that was handed over and is not getting done: chunks, or fired slots."""
         return self.stalled_chunks > 0 or self.schedule.undispatched > 0
+
+    @property
+    def backlog_age_limit(self) -> timedelta:
+        """How old the oldest eligible row may get (CleanupBacklogTooOld's limit); a day
+        for a policy no schedule runs."""
+        return backlog_age_limit(self.schedule) or UNSCHEDULED_BACKLOG_LIMIT
+
+    @property
+    def backlog_too_old(self) -> bool:
+        age = self.oldest_eligible_age
+        return age is not None and age > self.backlog_age_limit
+
+    def alerts(self) -> list[Alert]:
+        """What the shipped alert rules would say about this policy now."""
+        found = []
+        if self.schedule.missed:
+            found.append(Alert(self.policy, "missed-schedule", "Missed schedule",
+                               f"the scheduler has not fired the slot due "
+                               f"{display.ago(self.schedule.expected_slot, self.now)}"))
+        if self.stalled:
+            parts = []
+            if self.stalled_chunks:
+                parts.append(f"{self.stalled_chunks:,} of {self.unfinished_chunks:,} "
+                             "unfinished chunks sent longer than the lease ago")
+            if self.schedule.undispatched:
+                parts.append(f"{self.schedule.undispatched:,} fired slots no worker "
+                             "dispatched")
+            found.append(Alert(self.policy, "stalled", "Stalled work", "; ".join(parts)))
+        if self.backlog_too_old:
+            found.append(Alert(
+                self.policy, "backlog", "Backlog too old",
+                f"{self.eligible_rows:,} rows eligible, the oldest for "
+                f"{display.duration(self.oldest_eligible_age.total_seconds())} (limit "
+                f"{display.duration(self.backlog_age_limit.total_seconds())})"))
+        if self.dead_letters:
+            found.append(Alert(self.policy, "dead-letters", "Dead letters waiting",
+                               f"{self.dead_letters:,} chunks need a person: requeue "
+                               "after a fix, or discard with a reason", level="warning"))
+        return found
+
+
+def banner(policies: list[PolicyOverview], clusters: list[dict]) -> list[Alert]:
+    """Every alert the overview shows at its top: the clusters', then each policy's."""
+    found = []
+    if not any(cluster.get("taking_work") for cluster in clusters):
+        found.append(Alert(None, "no-worker", "No worker cluster is taking work",
+                           "start manage.py qcluster: nothing is dispatched or applied"
+                           if clusters else "no cluster has ever beaten: start "
+                           "manage.py qcluster"))
+    for policy in policies:
+        found.extend(policy.alerts())
+    return found
 
 
 def overview(now: datetime | None = None) -> list[PolicyOverview]:

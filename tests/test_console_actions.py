@@ -3,6 +3,7 @@ filter, through the admin's own two-step POST flow."""
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -140,3 +141,130 @@ def test_a_poison_dead_letter_keeps_the_lock_timeout_that_caused_it(admin_client
     assert lock_timeout in dead_letters
     page = admin_client.get(reverse("admin:cleanup_chunk_change", args=[chunk.pk]))
     assert f"{lock_timeout}; 3 deliveries started without completing" in page.content.decode()
+
+
+# Finding a run by the id the console shows
+
+
+def test_a_short_id_or_a_full_id_finds_the_run_and_not_only_its_replay(admin_client,
+                                                                       two_runs):
+    first, second = two_runs
+    replay_of_first = dispatch("expire-holds", key=f"replay:{first.pk}:again").run
+    runs = reverse("admin:cleanup_run_changelist")
+
+    for term in (str(first.pk)[:8], str(first.pk), str(first.pk)[:8].upper()):
+        page = admin_client.get(runs, {"q": term, "work": "all"})
+        assert list(page.context["cl"].result_list) == [first], term
+    # Other text still searches the dispatch keys.
+    page = admin_client.get(runs, {"q": "replay:", "work": "all"})
+    assert list(page.context["cl"].result_list) == [replay_of_first]
+    # On the chunk list, a run's id lists its chunks.
+    page = admin_client.get(CHUNKS, {"q": str(second.pk)[:8]})
+    assert {c.run_id for c in page.context["cl"].result_list} == {second.pk}
+
+
+def test_a_short_id_in_a_run_url_redirects_to_the_run(admin_client, two_runs):
+    first, _ = two_runs
+    short = str(first.pk)[:8]
+
+    response = admin_client.get(f"/admin/cleanup/run/{short}/change/")
+
+    assert response.status_code == 302
+    assert response["Location"] == reverse("admin:cleanup_run_change", args=[first.pk])
+    assert admin_client.get("/admin/cleanup/run/0000zzzz/change/").status_code == 302
+    assert admin_client.get("/admin/cleanup/run/0000zzzz/change/", follow=True).context[
+        "messages"]  # Django's own "doesn't exist" message for what names no run
+
+
+# The run page
+
+
+def test_the_run_page_filters_its_chunks_by_state_and_pages_600_of_them(
+        admin_client, section, chunk_size, settings):
+    chunk_size("expire-holds", 1)
+    settings.CLEANUP_WINDOW = 1000
+    SeatHoldFactory.create_batch(600, section=section, expired=True)
+    run = dispatch("expire-holds").run
+    Chunk.objects.filter(run=run, chunk_id__in=[7, 300, 599]).update(
+        state=Chunk.State.DEAD_LETTERED, cause="OperationalError: lock timeout")
+    url = reverse("admin:cleanup_run_change", args=[run.pk])
+
+    page = admin_client.get(url, {"chunks": 6}).content.decode()
+    assert "Chunks (600)" in page
+    assert "chunks 251–300 of 600, page 6 of 12" in page
+    # Pages near this one, the first and the last: never a list of twelve links.
+    assert ">1</a>" in page and ">12</a>" in page and ">9</a>" not in page and "…" in page
+    assert 'class="state-badge state-enqueued"' in page
+    assert "Dead-lettered (3)" in page and "Enqueued (597)" in page
+
+    dead = admin_client.get(url, {"chunk_state": "dead_lettered"}).content.decode()
+    assert [int(n) for n in re.findall(r">#(\d+)</a>", dead)] == [7, 300, 599]
+    assert "Requeue this run's 3 dead letters" in dead
+    assert admin_client.get(url, {"chunk_state": "bogus"}).status_code == 200
+
+
+# Dead-letter triage
+
+
+@pytest.fixture
+def dead_letters_of_two_causes(two_runs):
+    first, second = two_runs
+    Chunk.objects.filter(run=first, chunk_id__lte=3).update(
+        cause="OperationalError: canceling statement due to lock timeout")
+    Chunk.objects.filter(run=second, chunk_id__in=[1, 2]).update(
+        state=Chunk.State.DEAD_LETTERED, failure_class=Chunk.FailureClass.ERROR,
+        cause='IntegrityError: insert or update on table "x" violates foreign key')
+    return first, second
+
+
+def test_dead_letters_are_grouped_by_cause_with_counts(admin_client,
+                                                       dead_letters_of_two_causes):
+    page = admin_client.get(reverse("admin:cleanup_chunk_dead_letters"))
+
+    groups = [(g.failure_class, g.cause, g.count, g.runs) for g in page.context["groups"]]
+    assert groups == [
+        ("poison", "OperationalError: canceling statement due to lock timeout", 3, 1),
+        ("error", 'IntegrityError: insert or update on table "x" violates foreign key', 2, 1),
+    ]
+    assert "Requeue 3…" in page.content.decode()
+
+
+def test_requeue_a_whole_group_confirms_then_requeues_only_that_group(
+        admin_client, dead_letters_of_two_causes):
+    first, second = dead_letters_of_two_causes
+    triage_url = reverse("admin:cleanup_chunk_dead_letters")
+    group = admin_client.get(triage_url).context["groups"][0]
+    url = (CHUNKS + "?state=dead_lettered&failure_class=poison&cause="
+           + "OperationalError%3A%20canceling%20statement%20due%20to%20lock%20timeout")
+    data = {"action": "requeue_chunks", "select_across": "1", "index": "0",
+            "_selected_action": str(group.example_pk), "next": triage_url}
+
+    confirmation = admin_client.post(url, data)
+    assert confirmation.context["count"] == 3 and OrmQ.objects.count() == 0
+    done = admin_client.post(url, {"action": "requeue_chunks", "post": "yes",
+                                   "next": triage_url,
+                                   "_selected_action": confirmation.context["selected"]})
+
+    assert done.status_code == 302 and done["Location"] == triage_url
+    assert OrmQ.objects.count() == 3
+    assert set(first.chunks.filter(chunk_id__lte=3).values_list("state", flat=True)) == {
+        Chunk.State.ENQUEUED}
+    assert second.chunks.filter(state=Chunk.State.DEAD_LETTERED).count() == 2
+
+
+def test_an_action_from_a_chunk_page_returns_to_that_page(admin_client, two_runs):
+    first, _ = two_runs
+    chunk = first.chunks.get(chunk_id=1)
+    page = reverse("admin:cleanup_chunk_change", args=[chunk.pk])
+    data = {"action": "requeue_chunks", "_selected_action": [str(chunk.pk)], "next": page}
+
+    confirmation = admin_client.post(CHUNKS, data)
+    assert confirmation.context["back"] == page
+    done = admin_client.post(CHUNKS, {**data, "post": "yes"})
+
+    assert done["Location"] == page
+    chunk.refresh_from_db()
+    assert chunk.state == Chunk.State.ENQUEUED
+    # A next that leaves the site is ignored: back to the list acted on.
+    elsewhere = admin_client.post(CHUNKS, {**data, "post": "yes", "next": "https://x.test/"})
+    assert elsewhere["Location"] == CHUNKS
