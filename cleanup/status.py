@@ -2,42 +2,49 @@
 
 from __future__ import annotations
 
-import re
 import uuid
+from datetime import datetime
 
-from django.core.exceptions import ValidationError
-from django.db.models import CharField, Count, Sum
-from django.db.models.functions import Cast
+from django.db.models import Count, Sum
+from django.utils import timezone
 
 from cleanup import planning
+from cleanup.display import SHORT_ID_LENGTH, parse_id
 from cleanup.exceptions import CleanupError, UnknownPolicy, UnknownRun
 from cleanup.models import Chunk, Run
+from cleanup.overview import overview
 from cleanup.policies import get_policy
+from cleanup.window import size as window_size
 
-PREFIX = re.compile(r"[0-9a-f-]+")
-# The shortest prefix of a run id taken: the admin shows eight characters.
-MIN_PREFIX = 4
+# How many of the runs a short id matches a refusal names.
+SHOWN_CANDIDATES = 5
 
 
 def get_run(run_id) -> Run:
-    """The run with this id, or with this unique prefix of its id (as the admin shows it)."""
-    text = str(run_id).strip().lower()
+    """The run with this id: its full id, or the 8-hex short id the admin shows."""
+    text = str(run_id).strip()
     if not text:
         raise CleanupError("run id is empty")
-    try:
-        return Run.objects.get(pk=uuid.UUID(text))
-    except (ValueError, ValidationError, Run.DoesNotExist):
-        pass
-    if len(text) < MIN_PREFIX or not PREFIX.fullmatch(text):
-        raise UnknownRun(run_id)
-    matches = list(Run.objects.annotate(text_id=Cast("id", CharField()))
-                   .filter(text_id__startswith=text).order_by("-created_at")[:6])
+    parsed = parse_id(text)
+    if parsed is None:
+        raise CleanupError(f"no run with id {text}: give its full id or the "
+                           f"{SHORT_ID_LENGTH} hex digits the admin shows")
+    if isinstance(parsed, uuid.UUID):
+        try:
+            return Run.objects.get(pk=parsed)
+        except Run.DoesNotExist:
+            raise UnknownRun(text) from None
+    # The ids that start with these 8 hex digits form one range of the primary key.
+    matches = list(Run.objects.filter(
+        pk__gte=uuid.UUID(parsed + "0" * 24), pk__lte=uuid.UUID(parsed + "f" * 24),
+    ).order_by("-created_at")[:SHOWN_CANDIDATES + 1])
     if not matches:
-        raise UnknownRun(run_id)
+        raise UnknownRun(text)
     if len(matches) > 1:
-        shown = ", ".join(str(run.id) for run in matches[:5])
-        raise CleanupError(f"run id prefix {text!r} is ambiguous: it matches {shown}"
-                           f"{' and more' if len(matches) > 5 else ''}; give more of the id")
+        shown = ", ".join(str(run.id) for run in matches[:SHOWN_CANDIDATES])
+        more = " and more" if len(matches) > SHOWN_CANDIDATES else ""
+        raise CleanupError(f"short run id {parsed!r} is ambiguous: it matches {shown}{more}; "
+                           "give the full id")
     return matches[0]
 
 
@@ -100,3 +107,72 @@ def run_summary(run: Run) -> dict:
         "created_at": run.created_at.isoformat(),
         "finished_at": run.finished_at.isoformat() if run.finished_at else None,
     }
+
+
+def chunk_rows(run: Run, *, state: str | None = None, limit: int | None = None) -> dict:
+    """The run's chunks in order (those in ``state``; the first ``limit``), JSON-safe.
+
+    ``cause`` is the last real error's own line and ``verdict`` why the engine
+    dead-lettered the chunk where that is not the error; ``total`` counts them all.
+    """
+    chunks = Chunk.objects.filter(run=run).order_by("chunk_id")
+    if state:
+        chunks = chunks.filter(state=state)
+    fields = ("chunk_id", "state", "rows_deleted", "rows_updated", "deliveries", "cause",
+              "verdict", "failure_class")
+    rows = [dict(zip(fields, values, strict=True)) for values in
+            (chunks if limit is None else chunks[:limit]).values_list(*fields)]
+    for row in rows:
+        row["rows_changed"] = row["rows_deleted"] + row["rows_updated"]
+    return {"run_id": str(run.id), "policy": run.policy, "state": state,
+            "chunks": rows, "total": len(rows) if limit is None else chunks.count()}
+
+
+def requeue_preview(pks) -> dict[str, list[int]]:
+    """The chunks a requeue of these chunk pks would send again, by run id: the
+    dead-lettered ones of runs not cancelled (what ``transitions.requeue`` takes)."""
+    found: dict[str, list[int]] = {}
+    rows = (Chunk.objects.filter(pk__in=list(pks), state=Chunk.State.DEAD_LETTERED)
+            .exclude(run__state=Run.State.CANCELLED)
+            .order_by("run__created_at", "run_id", "chunk_id")
+            .values_list("run_id", "chunk_id"))
+    for run_id, chunk_id in rows:
+        found.setdefault(str(run_id), []).append(chunk_id)
+    return found
+
+
+def policy_rows(now: datetime | None = None) -> list[dict]:
+    """Per registered policy: its rule, its schedule, its last run and its backlog
+    (read by ``cleanup.overview``), JSON-safe."""
+    now = now or timezone.now()
+    rows = []
+    for health in overview(now):
+        policy = get_policy(health.policy)
+        last = Run.objects.filter(policy=policy.name).order_by("-created_at").first()
+        age = health.oldest_eligible_age
+        rows.append({
+            "policy": policy.name,
+            "model": policy.model_label,
+            "mutation": policy.mutation,
+            "scheme": policy.scheme,
+            "schedule": health.schedule.cron,
+            "schedule_installed": health.schedule.installed,
+            "window": window_size(policy),
+            "last_run": None if last is None else {
+                "run_id": str(last.id), "state": last.state,
+                "created_at": last.created_at.isoformat(),
+                "finished_at": last.finished_at.isoformat() if last.finished_at else None,
+            },
+            "last_success": None if health.last_success is None else {
+                "run_id": str(health.last_success.id),
+                "finished_at": health.last_success.finished_at.isoformat(),
+            },
+            "backlog": {
+                "eligible_rows": health.eligible_rows,
+                "oldest_eligible_since": (health.oldest_eligible_since.isoformat()
+                                          if health.oldest_eligible_since else None),
+                "oldest_age_seconds": None if age is None else round(age.total_seconds(), 3),
+            },
+            "dead_letters": health.dead_letters,
+        })
+    return rows

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from numbers import Real
+
+from django.conf import settings
 from django.core import checks
+from django.utils.module_loading import import_string
 
 from reservations.conf import conf
+
+# Reminder.attempts is a PositiveSmallIntegerField.
+MAX_ATTEMPTS_LIMIT = 32767
 
 
 @checks.register()
@@ -25,3 +32,49 @@ def check_learner_email(app_configs=None, **kwargs):
         hint="Give a format with {learner_ref}, e.g. '{learner_ref}@learners.example.edu'.",
         id="reservations.E001",
     )]
+
+
+@checks.register()
+def check_email_backend(app_configs=None, **kwargs):
+    """EMAIL_BACKEND (DJANGO_EMAIL_BACKEND) must name a class that can be imported: the
+    reminder sender would otherwise fail on every mail, in the workers."""
+    path = settings.EMAIL_BACKEND
+    try:
+        import_string(path)
+    except ImportError as exc:
+        return [checks.Error(
+            f"EMAIL_BACKEND {path!r} cannot be imported ({exc}), so no reminder can be sent.",
+            hint="Set DJANGO_EMAIL_BACKEND to a Django email backend's dotted path, e.g. "
+            "django.core.mail.backends.smtp.EmailBackend, or unset it for the profile's "
+            "default.",
+            id="reservations.E002",
+        )]
+    return []
+
+
+@checks.register()
+def check_reminder_sending(app_configs=None, **kwargs):
+    """The sender's attempts must allow a send, and its claim lease must outlast one."""
+    errors = []
+    attempts = conf.REMINDER_MAX_ATTEMPTS
+    if (isinstance(attempts, bool) or not isinstance(attempts, int)
+            or not 1 <= attempts <= MAX_ATTEMPTS_LIMIT):
+        errors.append(checks.Error(
+            f"RESERVATIONS_REMINDER_MAX_ATTEMPTS {attempts!r} is not a whole number from 1 "
+            f"to {MAX_ATTEMPTS_LIMIT}: below, no reminder could ever be sent; above, a "
+            "reminder's attempts would overflow their column.",
+            hint="Give the sends a reminder may take before it fails, e.g. 5.",
+            id="reservations.E003",
+        ))
+    lease = conf.REMINDER_CLAIM_SECONDS
+    # django-q2 ends a task at its timeout: a claim older than that has no live sender.
+    timeout = getattr(settings, "Q_CLUSTER", {}).get("timeout") or 0
+    if isinstance(lease, bool) or not isinstance(lease, Real) or lease <= timeout:
+        errors.append(checks.Error(
+            f"RESERVATIONS_REMINDER_CLAIM_SECONDS {lease!r} is not a number of seconds "
+            f"above django-q2's task timeout ({timeout} s): a run could take over a claim "
+            "whose sender is still sending, and mail the reminder twice.",
+            hint=f"Give more than {timeout}, e.g. 300.",
+            id="reservations.E004",
+        ))
+    return errors

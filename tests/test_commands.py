@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, timedelta
 from io import StringIO
 
@@ -204,9 +205,17 @@ def test_seed_reservations_takes_the_old_spelling_of_reminder_attempts(db):
     assert ReminderAttempt.objects.count() == 3
 
 
-def test_seed_reservations_refuses_bad_counts(db):
-    with pytest.raises(CommandError, match="--tenants must be at least 1"):
-        call_command("seed_reservations", "--tenants", "0", "--expired", "1", "--active", "1")
+@pytest.mark.parametrize("option, value, error", [
+    ("--tenants", "0", "argument --tenants: expected a whole number from 1 to 100,000, not '0'"),
+    ("--expired", "-1", "argument --expired: expected a whole number from 0 to 100,000,000"),
+    ("--active", "1e3", "argument --active: expected a whole number from 0 to 100,000,000"),
+    ("--confirmed", "999999999999", "from 0 to 100,000,000, not '999999999999'"),
+    ("--seed", "²", "argument --seed: expected a whole number from 0 to 2,147,483,647"),
+])
+def test_seed_reservations_refuses_bad_counts(db, option, value, error):
+    counts = {"--tenants": "1", "--expired": "1", "--active": "1", option: value}
+    with pytest.raises(CommandError, match=re.escape(error)):
+        call_command("seed_reservations", *[x for pair in counts.items() for x in pair])
     assert SeatHold.objects.count() == 0
 
 

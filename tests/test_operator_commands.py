@@ -35,9 +35,11 @@ def run_json(*args) -> dict:
 def test_requeue_sends_dead_letters_once(dead_letter):
     run_id = str(dead_letter.run_id)
     assert run_json("cleanup_requeue", run_id) == {
-        "run_id": run_id, "failure_class": None, "requeued": 1, "skipped": 0}
+        "run_id": run_id, "failure_class": None, "dry_run": False, "requeued": 1,
+        "skipped": 0}
     assert run_json("cleanup_requeue", run_id, "--chunk", "1") == {
-        "run_id": run_id, "failure_class": None, "requeued": 0, "skipped": 1}
+        "run_id": run_id, "failure_class": None, "dry_run": False, "requeued": 0,
+        "skipped": 1}
     assert OrmQ.objects.count() == 1
 
 
@@ -46,7 +48,7 @@ def test_requeue_one_failure_class_across_runs(dead_letter, section):
     other = dispatch("expire-holds").run.chunks.get()
     Chunk.objects.filter(pk=other.pk).update(state="dead_lettered", failure_class="poison")
 
-    result = run_json("cleanup_requeue", "--class", "malformed")
+    result = run_json("cleanup_requeue", "--class", "malformed", "--noinput")
 
     assert (result["requeued"], result["skipped"]) == (1, 0)
     assert Chunk.objects.get(pk=dead_letter.pk).state == "enqueued"
@@ -114,7 +116,8 @@ def test_commands_take_the_short_run_id_the_admin_shows(dead_letter):
     assert run_json("cleanup_requeue", short.upper())["requeued"] == 1
 
 
-def test_an_ambiguous_or_too_short_prefix_is_refused(expired_holds):
+def test_an_ambiguous_short_id_is_refused_naming_the_runs_and_a_prefix_is_not_an_id(
+        expired_holds):
     import uuid
 
     from django.utils import timezone
@@ -124,10 +127,16 @@ def test_an_ambiguous_or_too_short_prefix_is_refused(expired_holds):
                            cutoff=timezone.now(), scheme="items", trigger="command",
                            planned_all=True)
 
-    with pytest.raises(CommandError, match="prefix 'abcd' is ambiguous: it matches"):
-        call_command("cleanup_status", "abcd")
-    with pytest.raises(CommandError, match="no run with id abc"):
-        call_command("cleanup_status", "abc")
+    with pytest.raises(CommandError) as refused:
+        call_command("cleanup_status", "ABCD0000")
+    assert str(refused.value) == (
+        "short run id 'abcd0000' is ambiguous: it matches "
+        "abcd0000-0000-0000-0000-000000000002, abcd0000-0000-0000-0000-000000000001; "
+        "give the full id")
+    for text in ("abcd", "abcd0000-00", "abcd00000"):
+        with pytest.raises(CommandError, match=f"^no run with id {text}: give its full id "
+                           "or the 8 hex digits the admin shows$"):
+            call_command("cleanup_status", text)
     assert run_json("cleanup_status", "abcd0000-0000-0000-0000-000000000002")["run_id"].endswith(
         "2")
 
@@ -149,9 +158,10 @@ def test_runs_lists_recent_runs_with_filters_and_says_when_there_are_none(expire
     assert run_json("cleanup_runs", "--state", "running") == {"runs": [], "total": 0}
     assert run_json("cleanup_runs", "--since", "1h", "--limit", "1")["total"] == 2
     out = StringIO()
-    call_command("cleanup_runs", "--policy", "nope", stdout=out)
+    call_command("cleanup_runs", "--policy", "purge-cleanup-runs", stdout=out)
     assert out.getvalue().strip() == "No runs match."
-    with pytest.raises(CommandError, match="--since 'soon'"):
+    with pytest.raises(CommandError, match="argument --since: expected an ISO-8601 timestamp "
+                       "with offset or an age such as 30m, 6h or 2d .*, not 'soon'"):
         call_command("cleanup_runs", "--since", "soon")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from django.core.management.base import CommandError
+from cleanup.management.base import ask
 
 
 def confirm_wipe(command: str, interactive: bool) -> None:
@@ -13,13 +13,8 @@ def confirm_wipe(command: str, interactive: bool) -> None:
     aborts with nothing changed."""
     if not interactive:
         return
-    try:
-        answer = input(f"{command} deletes all reservation data first. Type 'yes' to go on: ")
-    except EOFError:  # no terminal to ask on
-        raise CommandError(f"{command} needs a terminal to confirm, or --noinput; nothing "
-                           "changed.") from None
-    if answer.strip() != "yes":
-        raise CommandError("Cancelled; nothing changed.")
+    # The same prompt as every cleanup command's, and the same refusals.
+    ask(f"{command} deletes all reservation data first.", who=command)
 
 
 def exit_on_sigterm(command: str) -> None:

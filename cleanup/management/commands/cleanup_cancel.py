@@ -1,7 +1,7 @@
 from django.core.management.base import CommandError
 
 from cleanup import operations
-from cleanup.management.base import CleanupCommand
+from cleanup.management.base import RUN_HELP, CleanupCommand
 from cleanup.models import Run
 from cleanup.status import get_run
 
@@ -13,7 +13,7 @@ class Command(CleanupCommand):
     def add_arguments(self, parser) -> None:
         super().add_arguments(parser)
         parser.add_argument("run_id", metavar="RUN_ID",
-                            help="The run: its id or a unique prefix of it, as the admin shows it.")
+                            help=RUN_HELP)
         parser.add_argument("--noinput", "--no-input", action="store_false",
                             dest="interactive", help="Do not ask for confirmation.")
 

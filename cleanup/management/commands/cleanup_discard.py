@@ -1,5 +1,5 @@
 from cleanup import operations
-from cleanup.management.base import CleanupCommand, count
+from cleanup.management.base import RUN_HELP, CleanupCommand, WholeNumber, count
 from cleanup.status import get_run
 
 
@@ -9,8 +9,8 @@ class Command(CleanupCommand):
     def add_arguments(self, parser) -> None:
         super().add_arguments(parser)
         parser.add_argument("run_id", metavar="RUN_ID",
-                            help="The run: its id or a unique prefix of it, as the admin shows it.")
-        parser.add_argument("--chunk", type=int, action="append", dest="chunks",
+                            help=RUN_HELP)
+        parser.add_argument("--chunk", type=WholeNumber(), action="append", dest="chunks",
                             metavar="ID", required=True, help="Chunk id (repeatable).")
         parser.add_argument("--reason", required=True, help="Why; kept on the chunk.")
         parser.add_argument("--noinput", "--no-input", action="store_false",

@@ -1,3 +1,4 @@
+from cleanup.exceptions import CleanupError
 from cleanup.management.base import CleanupCommand, count
 from cleanup.status import get_run, latest_run, run_summary
 
@@ -8,12 +9,15 @@ class Command(CleanupCommand):
     def add_arguments(self, parser) -> None:
         super().add_arguments(parser)
         parser.add_argument("run_id", nargs="?", metavar="RUN_ID",
-                            help="The run: its id or a unique prefix of it, as the admin "
-                            "shows it; default: the latest run.")
+                            help="The run: its full id or the 8-hex short id the admin "
+                            "shows; default: the latest run.")
         parser.add_argument("--run", dest="run_option", metavar="RUN_ID",
                             help="The same as RUN_ID (kept for scripts written before).")
 
     def run(self, *, run_id, run_option, **options) -> dict:
+        if run_id is not None and run_option is not None:
+            raise CleanupError(f"give one run, not two: RUN_ID {run_id!r} or --run "
+                               f"{run_option!r}")
         chosen = run_id if run_id is not None else run_option
         return run_summary(latest_run() if chosen is None else get_run(chosen))
 

@@ -1,8 +1,9 @@
 import json
+from datetime import timedelta
 
 from django.core.management.base import BaseCommand, CommandError
 
-from cleanup.management.base import count
+from cleanup.management.base import Duration, WholeNumber, count
 from reservations.demo import run_demo
 from reservations.management.wiping import add_wipe_arguments, confirm_wipe
 
@@ -14,19 +15,24 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--expired", type=int, default=3000,
+        # A demo is minutes of work on a laptop: bounds far above that, below hours.
+        parser.add_argument("--expired", type=WholeNumber(2, 1_000_000), default=3000,
                             help="Expired holds to seed (default 3000).")
-        parser.add_argument("--active", type=int, default=500,
+        parser.add_argument("--active", type=WholeNumber(0, 1_000_000), default=500,
                             help="Unexpired holds to seed, which must survive (default 500).")
-        parser.add_argument("--racers", type=int, default=10,
+        parser.add_argument("--racers", type=WholeNumber(1, 100_000), default=10,
                             help="Candidates renewed, and as many confirmed, mid-run.")
-        parser.add_argument("--timeout", type=float, default=180,
-                            help="Seconds to wait for the runs to finish (default 180).")
+        parser.add_argument("--timeout", type=Duration(timedelta(hours=6), bare="s"),
+                            default=timedelta(seconds=180),
+                            help="How long to wait for the runs to finish: seconds, or "
+                            "a duration such as 10m (default 180, at most 6h).")
         add_wipe_arguments(parser)
 
     def handle(self, *args, expired, active, racers, timeout, interactive, **options):
-        if expired < 2 * racers or racers < 1:
-            raise CommandError("--expired must be at least twice --racers, and --racers >= 1")
+        if expired < 2 * racers:
+            raise CommandError("--expired must be at least twice --racers")
+        if isinstance(timeout, timedelta):  # call_command(timeout=30) passes a number
+            timeout = timeout.total_seconds()
         confirm_wipe("The demo", interactive)
         say = (lambda line: None) if options["json"] else self.stdout.write
         try:

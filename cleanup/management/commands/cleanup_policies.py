@@ -1,0 +1,42 @@
+from datetime import datetime
+
+from cleanup.display import ago, duration, number, utc_text
+from cleanup.management.base import CleanupCommand, count
+from cleanup.status import policy_rows
+
+
+class Command(CleanupCommand):
+    help = ("List the registered policies: rule, schedule, window, last run and backlog "
+            "(rows eligible now and how long the oldest has waited).")
+
+    def run(self, **options) -> dict:
+        return {"policies": policy_rows()}
+
+    def describe(self, result: dict, verbosity: int) -> str:
+        if not result["policies"]:
+            return "No policies are registered."
+        blocks = []
+        for policy in result["policies"]:
+            schedule = policy["schedule"] or "none (manual runs only)"
+            if policy["schedule"] and not policy["schedule_installed"]:
+                schedule += " (not installed: run cleanup_schedule)"
+            lines = [f"{policy['policy']} ({policy['mutation']} {policy['model']}, "
+                     f"{policy['scheme']} chunks, window {policy['window']})",
+                     f"  schedule  {schedule}"]
+            last = policy["last_run"]
+            if last is None:
+                lines.append("  last run  none yet")
+            else:
+                created = datetime.fromisoformat(last["created_at"])
+                lines.append(f"  last run  {last['run_id']} {last['state']}, dispatched "
+                             f"{utc_text(created)} UTC ({ago(created)})")
+            backlog = policy["backlog"]
+            if backlog["eligible_rows"]:
+                lines.append(f"  backlog   {count(backlog['eligible_rows'], 'row')} eligible, "
+                             f"the oldest waiting {duration(backlog['oldest_age_seconds'] or 0)}")
+            else:
+                lines.append("  backlog   none")
+            if policy["dead_letters"]:
+                lines.append(f"  dead letters  {number(policy['dead_letters'])}")
+            blocks.append("\n".join(lines))
+        return "\n\n".join(blocks)
