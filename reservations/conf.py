@@ -17,6 +17,14 @@ conf = PrefixedSettings(
         # takes new ones (django-q2's task timeout is 120 s).
         "REMINDER_SEND_BATCH": 5000,
         "REMINDER_SEND_SECONDS": 50,
+        # Sends of one reminder (since its hold was last renewed) before the sender
+        # gives up on it and marks it failed: temporary refusals, and sends that
+        # started and never finished (system check reservations.E003).
+        "REMINDER_MAX_ATTEMPTS": 5,
+        # A reminder claimed for sending longer ago than this is taken over by the next
+        # run: its sender died. Above django-q2's task timeout, which ends any sender
+        # still alive sooner (system check reservations.E004).
+        "REMINDER_CLAIM_SECONDS": 300,
         "EXPIRE_CHUNK_SIZE": 500,
         "MARK_READY_CHUNK_SIZE": 500,
         "PURGE_CHUNK_SIZE": 1000,

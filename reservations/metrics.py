@@ -1,8 +1,10 @@
-"""The reminders' business backlog on /metrics: reminders due and not sent yet.
+"""The reminders' business backlog on /metrics: reminders due and not sent yet, and the
+ones that failed.
 
-A pending one waits for mark-reminders-ready, a ready one for the sender. Either is
-late once older than the two schedules' periods plus the scheduler's grace: then a
-learner may see the hold expire before the reminder arrives.
+A pending one waits for mark-reminders-ready, a ready one for the sender, a sending one
+for its send to end (or for its claim to be taken over). Any is late once older than
+the two schedules' periods plus the scheduler's grace: then a learner may see the hold
+expire before the reminder arrives. A failed one will not be sent (until a renewal).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from reservations.models import Reminder
 # Counting stops here: the number says "at least this many" past it, and a scrape
 # never reads more of the index than this.
 COUNT_CAP = 100_000
-UNSENT = (Reminder.State.PENDING, Reminder.State.READY)
+UNSENT = (Reminder.State.PENDING, Reminder.State.READY, Reminder.State.SENDING)
 
 
 def late_limit(now) -> timedelta:
@@ -38,14 +40,17 @@ class ReminderCollector:
 
     def collect(self):
         now = timezone.now()
-        count, oldest, limit = self._families()
+        count, oldest, limit, failed = self._families()
         for state in UNSENT:
             due = Reminder.objects.filter(state=state, due_at__lte=now)
             count.add_metric([state], due[:COUNT_CAP].count())
             first = due.aggregate(first=Min("due_at"))["first"]
             oldest.add_metric([state], (now - first).total_seconds() if first else 0.0)
         limit.add_metric([], late_limit(now).total_seconds())
-        yield from (count, oldest, limit)
+        for reason in Reminder.Failure.values:
+            failed.add_metric([reason], Reminder.objects.filter(
+                state=Reminder.State.FAILED, failure=reason)[:COUNT_CAP].count())
+        yield from (count, oldest, limit, failed)
 
     def _families(self):
         return (
@@ -61,6 +66,11 @@ class ReminderCollector:
                 "reservations_reminder_late_limit_seconds",
                 "Due-unsent age past which a reminder is late: the marking and sending "
                 "schedules' periods plus CLEANUP_SCHEDULE_GRACE_SECONDS."),
+            GaugeMetricFamily(
+                "reservations_reminders_failed",
+                f"Reminders the sender marked failed, by reason: refused (a permanent SMTP "
+                f"refusal), bad_address, gave_up (out of attempts); counted up to "
+                f"{COUNT_CAP}.", labels=["reason"]),
         )
 
 

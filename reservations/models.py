@@ -83,9 +83,11 @@ class Reminder(models.Model):
     """The renewal reminder of one held seat, due a lead time before the hold expires.
 
     Cleanup's ``mark-reminders-ready`` policy marks a due pending reminder ready; the
-    sender (``reservations.reminders``) sends each ready one once and marks it sent.
-    Renewing the hold moves ``due_at`` and puts an unsent reminder back to pending;
-    confirming it cancels the reminder.
+    sender (``reservations.reminders``) claims a ready one (``sending``, at
+    ``claimed_at``), mails it, then marks it sent, back to ready after a temporary
+    failure, or failed (``failure``, ``last_error``) when it cannot be sent or gave up
+    after ``attempts``. Renewing the hold moves ``due_at`` and puts an unsent reminder
+    back to pending; confirming it cancels the reminder.
 
     ``hold`` has no cascade in Django (DO_NOTHING, no constraint), which keeps the hold
     table's single-statement DELETE; a statement-level trigger in the database
@@ -95,8 +97,15 @@ class Reminder(models.Model):
     class State(models.TextChoices):
         PENDING = "pending", "Pending"
         READY = "ready", "Ready to send"
+        SENDING = "sending", "Sending"
         SENT = "sent", "Sent"
         CANCELLED = "cancelled", "Cancelled"
+        FAILED = "failed", "Failed"
+
+    class Failure(models.TextChoices):
+        REFUSED = "refused", "Refused by the mail server"
+        BAD_ADDRESS = "bad_address", "Not a mail address"
+        GAVE_UP = "gave_up", "Gave up after the attempts allowed"
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
     hold = models.OneToOneField(SeatHold, on_delete=models.DO_NOTHING, db_constraint=False,
@@ -106,6 +115,15 @@ class Reminder(models.Model):
     state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
     ready_at = models.DateTimeField(null=True, blank=True)
     sent_at = models.DateTimeField(null=True, blank=True)
+    # When the sender last claimed it; also names the claim, so a sender records its
+    # outcome only over its own claim (reservations.reminders).
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    # Sends started since the hold was last renewed.
+    attempts = models.PositiveSmallIntegerField(db_default=0)
+    failure = models.CharField(max_length=20, choices=Failure.choices, blank=True,
+                               db_default="")
+    # The last failure's own line: the server's reply, or what went wrong.
+    last_error = models.TextField(blank=True, db_default="")
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 
@@ -120,6 +138,12 @@ class Reminder(models.Model):
             # The sender takes ready reminders oldest due first.
             models.Index(fields=["due_at", "id"], condition=Q(state="ready"),
                          name="reminder_ready_by_due"),
+            # Each run looks for claims that outlived the lease.
+            models.Index(fields=["claimed_at"], condition=Q(state="sending"),
+                         name="reminder_sending_by_claim"),
+            # /metrics counts the failed ones by failure.
+            models.Index(fields=["failure"], condition=Q(state="failed"),
+                         name="reminder_failed_by_failure"),
         ]
 
     def __str__(self) -> str:
@@ -143,6 +167,7 @@ class ReminderAttempt(models.Model):
     hold_id = models.BigIntegerField()
     learner_ref = models.CharField(max_length=100)
     channel = models.CharField(max_length=20, default="email")
+    # When its send began (the sender's claim): the hold as the sender last saw it.
     sent_at = models.DateTimeField(default=timezone.now)
     # The sent message's Message-ID: the same for every send of one reminder's due time.
     message_id = models.CharField(max_length=200, blank=True, db_default="")

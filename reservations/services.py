@@ -73,7 +73,8 @@ def confirm_hold(hold_id: int, *, now: datetime | None = None) -> SeatHold:
         hold.status = SeatHold.Status.CONFIRMED
         hold.updated_at = now
         hold.save(update_fields=["status", "updated_at"])
-        _unsent_reminder(hold).update(state=Reminder.State.CANCELLED, updated_at=now)
+        _unsent_reminder(hold).update(state=Reminder.State.CANCELLED, claimed_at=None,
+                                      updated_at=now)
         return hold
 
 
@@ -122,21 +123,25 @@ def reminder_lead() -> timedelta:
 
 
 def _remind_again(hold: SeatHold, now: datetime) -> None:
-    """After a renewal: a reminder not sent (pending, ready, or cancelled because the hold
-    expired first) is due again before the new expiry; a hold that has none (it expired
-    before reminders existed) gets one. A sent one stays sent: the learner was reminded.
-    The caller holds the hold's row lock, so two renewals cannot both create one."""
+    """After a renewal: a reminder not sent (pending, ready, being sent, failed, or
+    cancelled because the hold expired first) is due again before the new expiry, a new
+    reminder with attempts of its own; a hold that has none (it expired before reminders
+    existed) gets one. A sent one stays sent: the learner was reminded. Moving one being
+    sent ends its sender's claim: the mail may still leave, but the sender's record of it
+    no longer matches (reservations.reminders). The caller holds the hold's row lock, so
+    two renewals cannot both create one."""
     reminder = Reminder.objects.filter(hold_id=hold.pk)
     moved = reminder.exclude(state=Reminder.State.SENT).update(
         due_at=reminder_due(hold.expires_at), state=Reminder.State.PENDING, ready_at=None,
-        updated_at=now)
+        claimed_at=None, attempts=0, failure="", last_error="", updated_at=now)
     if not moved and not reminder.exists():
         Reminder.for_hold(hold, reminder_due(hold.expires_at), now).save()
 
 
 def _unsent_reminder(hold: SeatHold):
-    return Reminder.objects.filter(hold_id=hold.pk,
-                                   state__in=(Reminder.State.PENDING, Reminder.State.READY))
+    # One being sent too: its sender's record then no longer matches it.
+    return Reminder.objects.filter(hold_id=hold.pk, state__in=(
+        Reminder.State.PENDING, Reminder.State.READY, Reminder.State.SENDING))
 
 
 def _window() -> timedelta:
