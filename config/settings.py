@@ -164,8 +164,8 @@ EMAIL_PORT = _env_number("EMAIL_PORT", 25, int)
 EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
 EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
 EMAIL_USE_TLS = os.environ.get("EMAIL_USE_TLS", "") == "1"
-# Seconds an SMTP connection may block. The sender holds its reminder's row lock while
-# it sends, and a hold expiring meanwhile cannot be deleted until the send ends.
+# Seconds an SMTP connection may block: how long one send can hold up the sender's run
+# (a send holds no row lock, so renewals and cleanup never wait on it).
 EMAIL_TIMEOUT = _env_number("EMAIL_TIMEOUT", 10)
 EMAIL_FILE_PATH = os.environ.get("EMAIL_FILE_PATH", "") or BASE_DIR / ".data" / "mail"
 # The sender of reminders; its domain also names each reminder's Message-ID.

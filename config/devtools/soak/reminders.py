@@ -87,8 +87,7 @@ def figures_and_checks(log: TrafficLog, seeded: int, since: datetime, final_mark
     left_pending = Reminder.objects.filter(state=Reminder.State.PENDING,
                                            due_at__lte=final_mark.cutoff).count()
     ready_left = Reminder.objects.filter(state=Reminder.State.READY).count()
-    sent_again = len(sent) - min(len({hold for hold, _, _ in sent}),
-                                 len({key for _, _, key in sent}))
+    sent_again = sent_more_than_once(sent, log.renewals)
     # A held seat's reminder is cancelled only by the sender, once the hold expired; a
     # renewal after that must have made it due again.
     cancelled_yet_held = Reminder.objects.filter(
@@ -129,7 +128,8 @@ def figures_and_checks(log: TrafficLog, seeded: int, since: datetime, final_mark
         "no reminder left pending due at or before the final mark run's cutoff":
             final_mark.state == Run.State.COMPLETED and left_pending == 0,
         "no reminder left ready after the last sender run": ready_left == 0,
-        "each reminder sent at most once (one attempt per hold and per Message-ID)":
+        "each reminder sent at most once (one attempt per Message-ID, and per hold "
+        "between its renewals)":
             sent_again == 0,
         "no held seat that has not expired was left with its reminder cancelled":
             cancelled_yet_held == 0,
@@ -139,6 +139,24 @@ def figures_and_checks(log: TrafficLog, seeded: int, since: datetime, final_mark
             marked > 0 and in_clusters[SENT] > 0 and log.renewed_falling_due > 0,
     }
     return figures, checks
+
+
+def sent_more_than_once(sent: list[tuple], renewals: list[Renewal]) -> int:
+    """Attempts that repeat a Message-ID, or that mail a hold again with no renewal of
+    it committed in between (a renewal racing a send wins, and reminds once more)."""
+    repeated = len(sent) - len({key for _, _, key in sent})
+    renewed: dict[int, list[datetime]] = defaultdict(list)
+    for renewal in renewals:
+        renewed[renewal.hold_id].append(renewal.committed_by)
+    by_hold: dict[int, list[datetime]] = defaultdict(list)
+    for hold_id, sent_at, _ in sent:
+        by_hold[hold_id].append(sent_at)
+    for hold_id, times in by_hold.items():
+        times.sort()
+        repeated += sum(
+            not any(earlier <= moment <= later for moment in renewed[hold_id])
+            for earlier, later in zip(times, times[1:], strict=False))
+    return repeated
 
 
 def sent_after_a_renewal(sent: list[tuple], renewals: list[Renewal]) -> int:
