@@ -104,7 +104,13 @@ def chunk_table(request, run: Run) -> dict:
     else:
         state = ""
     page = Paginator(chunks, CHUNKS_PER_PAGE).get_page(request.GET.get("chunks"))
+    dead = counts.get(Chunk.State.DEAD_LETTERED, 0)
     return {
+        "dead_letters_url": reverse("admin:cleanup_chunk_changelist")
+        + f"?run__id__exact={run.pk}&state={Chunk.State.DEAD_LETTERED}",
+        "requeue_label": ngettext("Requeue this run's %(count)s dead letter…",
+                                  "Requeue this run's %(count)s dead letters…", dead)
+        % {"count": display.number(dead)},
         "chunk_page": page,
         "chunk_pages": page.paginator.get_elided_page_range(page.number, on_each_side=2,
                                                             on_ends=1),

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from urllib.parse import urlencode
 
 from django.contrib.postgres.aggregates import ArrayAgg
 from django.db.models import Count, Max, Min
+from django.urls import reverse
 
 from cleanup.models import Chunk
 
@@ -27,6 +29,21 @@ class DeadLetterGroup:
     def failure_label(self) -> str:
         return Chunk.FailureClass(self.failure_class).label if self.failure_class in \
             Chunk.FailureClass.values else self.failure_class or "unclassified"
+
+    @property
+    def chunks_url(self) -> str:
+        """The chunk list filtered to exactly this group."""
+        query = urlencode({"state": Chunk.State.DEAD_LETTERED,
+                           "failure_class": self.failure_class, "cause": self.cause})
+        return f"{reverse('admin:cleanup_chunk_changelist')}?{query}"
+
+    @property
+    def requeue_label(self) -> str:
+        return f"Requeue {self.count:,}…"
+
+    @property
+    def discard_label(self) -> str:
+        return f"Discard {self.count:,}…"
 
     @property
     def what(self) -> str:

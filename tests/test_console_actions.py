@@ -199,7 +199,7 @@ def test_the_run_page_filters_its_chunks_by_state_and_pages_600_of_them(
 
     dead = admin_client.get(url, {"chunk_state": "dead_lettered"}).content.decode()
     assert [int(n) for n in re.findall(r">#(\d+)</a>", dead)] == [7, 300, 599]
-    assert "Requeue this run's 3 dead letters" in dead
+    assert "Requeue this run&#x27;s 3 dead letters…" in dead
     assert admin_client.get(url, {"chunk_state": "bogus"}).status_code == 200
 
 
