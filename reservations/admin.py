@@ -1,4 +1,8 @@
-"""Admin pages for tenants, sections, seat holds, their reminders and reminder attempts."""
+"""Admin pages for tenants, sections, seat holds, their reminders and reminder attempts.
+
+Cells use the console's one format (cleanup.display) and its stylesheet, so these lists
+read like the cleanup ledger's and fit the same 1366 px laptop.
+"""
 
 from __future__ import annotations
 
@@ -6,27 +10,54 @@ from django.contrib import admin
 from django.utils import timezone
 from django.utils.html import format_html
 
+from cleanup import display
 from reservations.models import Reminder, ReminderAttempt, SeatHold, Section, Tenant
 
-BADGES = {
-    "held": ("#2a6ebb", "held"),
-    "confirmed": ("#1d6b1d", "confirmed"),
-    "expired": ("#c77c00", "expired, awaiting cleanup"),
+# Badge state (its class in console.css) and label, by what the row is now.
+HOLD_BADGES = {
+    "held": ("held", "held"),
+    "confirmed": ("confirmed", "confirmed"),
 }
 REMINDER_BADGES = {
-    "pending": ("#6b6b6b", "pending"),
-    "overdue": ("#c77c00", "pending, overdue"),
-    "ready": ("#2a6ebb", "ready to send"),
-    "sent": ("#1d6b1d", "sent"),
-    "cancelled": ("#8a8a8a", "cancelled"),
+    "pending": ("pending", "pending"),
+    "overdue": ("overdue", "pending, overdue"),
+    "ready": ("ready", "ready to send"),
+    "sending": ("sending", "sending"),
+    "sent": ("sent", "sent"),
+    "cancelled": ("cancelled", "cancelled"),
+    "failed": ("failed", "failed"),
 }
+# A Message-ID is one long word; the list shows its start, the whole on hover.
+MESSAGE_ID_PREVIEW = 28
 
 
-def badge(colour: str, label: str):
-    return format_html(
-        '<span style="background:{};color:#fff;padding:1px 6px;border-radius:8px">{}</span>',
-        colour, label,
-    )
+class ConsoleAdmin(admin.ModelAdmin):
+    """An admin list styled as the operator console."""
+
+    class Media:
+        css = {"all": ("cleanup/console.css",)}
+
+
+def state_badge(badges: dict[str, tuple[str, str]], key: str, what: str):
+    """The badge of a known state; a value written by hand past the choices as unknown."""
+    if key not in badges:
+        return display.badge("unknown", f"unknown: {key}", f"a {what} the code does not know")
+    return display.badge(*badges[key])
+
+
+def learner(ref: str, tenant: Tenant | None = None):
+    """A learner's ref (one long word, wrapped anywhere), and the tenant's name below it."""
+    if tenant is None:
+        return format_html('<span class="learner-ref">{}</span>', ref)
+    return format_html('<span class="learner-ref">{}</span><br><small>{}</small>', ref, tenant)
+
+
+
+
+def shortened(text: str, limit: int):
+    if len(text) <= limit:
+        return text
+    return format_html('<span title="{}">{}…</span>', text, text[: limit - 1])
 
 
 class ExpiryFilter(admin.SimpleListFilter):
@@ -46,32 +77,60 @@ class ExpiryFilter(admin.SimpleListFilter):
 
 
 @admin.register(SeatHold)
-class SeatHoldAdmin(admin.ModelAdmin):
-    list_display = ("id", "learner_ref", "tenant", "section", "state_badge", "expires_at",
-                    "updated_at")
+class SeatHoldAdmin(ConsoleAdmin):
+    list_display = ("id", "learner_ref_cell", "section_cell", "state_badge", "expires",
+                    "updated")
     list_filter = ("tenant", "section", "status", ExpiryFilter)
     list_select_related = ("tenant", "section")
     search_fields = ("learner_ref",)
     date_hierarchy = "expires_at"
     raw_id_fields = ("section",)
 
+    @admin.display(description="learner", ordering="learner_ref")
+    def learner_ref_cell(self, hold):
+        return learner(hold.learner_ref)
+
+    @admin.display(description="section", ordering="section__title")
+    def section_cell(self, hold):
+        return format_html("{}<br><small>{}</small>", hold.section, hold.tenant)
+
     @admin.display(description="state", ordering="status")
     def state_badge(self, hold):
         key = hold.status
         if key == SeatHold.Status.HELD and hold.expires_at <= timezone.now():
-            key = "expired"
-        return badge(*BADGES[key])
+            return format_html('{}<br><small>awaiting cleanup</small>', display.badge(
+                "expired", "expired", "expired, awaiting cleanup"))
+        return state_badge(HOLD_BADGES, key, "status")
+
+    @admin.display(description="expires", ordering="expires_at")
+    def expires(self, hold):
+        return display.moment_html(hold.expires_at, relative=True)
+
+    @admin.display(description="last change", ordering="updated_at")
+    def updated(self, hold):
+        return display.moment_html(hold.updated_at, relative=True)
 
 
 @admin.register(Section)
-class SectionAdmin(admin.ModelAdmin):
-    list_display = ("title", "tenant", "capacity")
+class SectionAdmin(ConsoleAdmin):
+    list_display = ("title", "tenant_cell", "seats")
     list_filter = ("tenant",)
+    list_select_related = ("tenant",)
     search_fields = ("title",)
+
+    @admin.display(description="tenant", ordering="tenant__name")
+    def tenant_cell(self, section):
+        # A method, not the field: Django keeps a foreign key's cell on one line, and a
+        # university's name is long.
+        return str(section.tenant)
+
+    @admin.display(description="capacity", ordering="capacity")
+    def seats(self, section):
+        return display.number(section.capacity)
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(ConsoleAdmin):
     search_fields = ("name",)
 
 
@@ -92,17 +151,17 @@ class DueFilter(admin.SimpleListFilter):
 
 
 @admin.register(Reminder)
-class ReminderAdmin(admin.ModelAdmin):
+class ReminderAdmin(ConsoleAdmin):
     """Read-only: reminders follow their holds (the services) and cleanup's marking."""
 
-    list_display = ("id", "learner_ref", "tenant", "hold_id", "state_badge", "due_at",
-                    "sent_at")
+    list_display = ("id", "learner_ref_cell", "hold_id", "state_badge", "due", "sent")
     list_filter = ("state", DueFilter, "tenant")
     list_select_related = ("tenant",)
     search_fields = ("learner_ref", "=hold__id")
     date_hierarchy = "due_at"
     readonly_fields = ("tenant", "hold_id", "learner_ref", "state", "due_at", "ready_at",
-                       "sent_at", "created_at", "updated_at")
+                       "claimed_at", "sent_at", "attempts", "failure", "last_error",
+                       "created_at", "updated_at")
     fields = readonly_fields
 
     def has_add_permission(self, request):
@@ -111,17 +170,46 @@ class ReminderAdmin(admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False
 
+    @admin.display(description="learner", ordering="learner_ref")
+    def learner_ref_cell(self, reminder):
+        return learner(reminder.learner_ref, reminder.tenant)
+
     @admin.display(description="state", ordering="state")
     def state_badge(self, reminder):
         key = reminder.state
         if key == "pending" and reminder.due_at <= timezone.now():
             key = "overdue"
-        return badge(*REMINDER_BADGES[key])
+        badge = state_badge(REMINDER_BADGES, key, "state")
+        if key == Reminder.State.FAILED and reminder.failure:
+            # Why, on a line of its own: refused, not a mail address, gave up.
+            return format_html('{}<br><small title="{}">{}</small>', badge,
+                               reminder.last_error, reminder.get_failure_display())
+        return badge
+
+    @admin.display(description="due", ordering="due_at")
+    def due(self, reminder):
+        return display.moment_html(reminder.due_at, relative=True)
+
+    @admin.display(description="sent", ordering="sent_at")
+    def sent(self, reminder):
+        return display.moment_html(reminder.sent_at)
 
 
 @admin.register(ReminderAttempt)
-class ReminderAttemptAdmin(admin.ModelAdmin):
-    list_display = ("id", "tenant", "hold_id", "learner_ref", "channel", "sent_at",
-                    "message_id")
+class ReminderAttemptAdmin(ConsoleAdmin):
+    list_display = ("id", "learner_ref_cell", "hold_id", "channel", "sent", "message")
     list_filter = ("tenant", "channel")
+    list_select_related = ("tenant",)
     date_hierarchy = "sent_at"
+
+    @admin.display(description="learner", ordering="learner_ref")
+    def learner_ref_cell(self, attempt):
+        return learner(attempt.learner_ref, attempt.tenant)
+
+    @admin.display(description="sent", ordering="sent_at")
+    def sent(self, attempt):
+        return display.moment_html(attempt.sent_at, relative=True)
+
+    @admin.display(description="message id", ordering="message_id")
+    def message(self, attempt):
+        return shortened(attempt.message_id, MESSAGE_ID_PREVIEW)

@@ -18,6 +18,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connections
 from django.utils import timezone
 from django_q.models import OrmQ
 
@@ -55,6 +56,10 @@ def browser_page(monkeypatch):
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         yield page
         browser.close()
+        # Inside Playwright the test ran in a context of its own, with database
+        # connections of its own: close them, or dropping the test database fails
+        # ("being accessed by other users").
+        connections.close_all()
 
 
 def test_staff_replays_a_dead_letter_and_sees_it_acknowledged(browser_page, live_server,
