@@ -23,7 +23,7 @@ from django.utils.translation import ngettext
 from cleanup import display, operations, planning, triage
 from cleanup import health as health_report
 from cleanup.conf import lease
-from cleanup.dispatch import dispatch
+from cleanup.dispatch import describe_dispatch, dispatch
 from cleanup.exceptions import CleanupError
 from cleanup.forms import DiscardForm, DispatchForm, NewCutoffForm
 from cleanup.models import Chunk, CleanupOverview, OrphanMessage, Run, Slot
@@ -425,7 +425,8 @@ class RunAdmin(LedgerAdmin):
                     result = dispatch(policy, scheme=scheme, cutoff=form.cleaned_data["cutoff"],
                                       key=f"admin:{key}", trigger=Run.Trigger.ADMIN)
                     return self._started(request, result.run, result.created,
-                                         f"Dispatched {policy} from the admin")
+                                         f"Dispatched {policy} from the admin",
+                                         describe_dispatch(result))
                 context.update(self._preview(policy, scheme, form.cleaned_data["cutoff"]))
             except CleanupError as exc:
                 form.add_error(None, str(exc))
@@ -471,13 +472,17 @@ class RunAdmin(LedgerAdmin):
         except ValueError:
             raise CleanupError("the confirmation was tampered with; start again") from None
 
-    def _started(self, request, run, created, log_message):
+    def _started(self, request, run, created, log_message, summary: str = ""):
+        """Say what the dispatch did (the command's own sentence, where there is one)."""
         if created:
             self.log_change(request, run, log_message)
-            planned = (f"{run.chunks_planned} chunks for {run.candidates} rows" if
-                       run.planned_all else f"first {run.chunks_planned} chunks sent, the rest "
-                       "planned as they finish")
-            self.message_user(request, f"Started run {run.id}: {planned}.", messages.SUCCESS)
+            if not summary:
+                planned = (f"{display.number(run.chunks_planned)} chunks for "
+                           f"{display.number(run.candidates)} rows" if run.planned_all
+                           else f"first {display.number(run.chunks_planned)} chunks sent, "
+                           "the rest planned as they finish")
+                summary = f"Started run {run.id}: {planned}."
+            self.message_user(request, summary, messages.SUCCESS)
         else:
             self.message_user(request, f"Run {run.id} had already been started; "
                               "nothing new was sent.", messages.WARNING)

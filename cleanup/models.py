@@ -47,6 +47,10 @@ class Run(models.Model):
         default=0, help_text="Rows found eligible in the chunks planned so far."
     )
     chunks_planned = models.PositiveIntegerField(default=0)
+    eligible_at_dispatch = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Rows eligible when the run was dispatched, "
+        "counted once (the run plans them as it goes); empty for older runs."
+    )
     planned_all = models.BooleanField(
         default=False, help_text="Every chunk is planned: the frontier passed the end."
     )

@@ -16,8 +16,10 @@ stays cancelled, and counters only ever add.
 
 A run is running while it is still planning (cleanup.window) or any chunk is
 unfinished, then completed or completed with dead letters (``settle_run``);
-``cancel_runs`` ends it for good. Whatever ends a chunk tops the policy's window up
-in the same transaction, so the frontier advances whatever one chunk's fate.
+``cancel_runs`` ends it for good. A run its dispatching process applies (``--sync``) is
+handed to the queue (``hand_over``) when that process gives it up or dies. Whatever
+ends a chunk tops the policy's window up in the same transaction, so the frontier
+advances whatever one chunk's fate.
 """
 
 from __future__ import annotations
@@ -227,6 +229,21 @@ def cancel_late(chunk: Chunk) -> bool:
     cancel passed its chunk by (a delivery held it then)."""
     return bool(Chunk.objects.filter(pk=chunk.pk, state__in=UNFINISHED).update(
         state=Chunk.State.CANCELLED))
+
+
+def hand_over(run_id) -> bool:
+    """in process → queued: a running run its dispatching process no longer applies
+    (it died, or gave the run up) is the workers' from now on; False if it was not
+    in process or has finished (a finished run keeps the record of how it ran)."""
+    return bool(Run.objects.filter(pk=run_id, state=Run.State.RUNNING, in_process=True)
+                .update(in_process=False))
+
+
+def claim_in_process(run_id) -> bool:
+    """queued → in process: a ``--sync`` dispatch of the run's key applies what is left
+    of it here; False if the run has finished."""
+    return bool(Run.objects.filter(pk=run_id, state=Run.State.RUNNING)
+                .update(in_process=True))
 
 
 def settle_run(run_id) -> Run:

@@ -83,3 +83,18 @@ def send_planned(run_id) -> int:
         )
         transitions.enqueue([c.pk for c in chunks])
         return send(chunks)
+
+
+def send_unfinished(run_id) -> int:
+    """Send every unfinished chunk of a run its process handed over (or left behind):
+    planned ones are marked enqueued; a retrying one keeps its state, its message now
+    in the queue for the queue's own retries. Chunks a delivery holds are skipped (the
+    reconciler covers them)."""
+    with transaction.atomic():
+        chunks = list(
+            Chunk.objects.select_for_update(skip_locked=True)
+            .filter(run_id=run_id, state__in=Chunk.UNFINISHED)
+            .order_by("chunk_id")
+        )
+        transitions.enqueue([c.pk for c in chunks if c.state == Chunk.State.PLANNED])
+        return send(chunks)

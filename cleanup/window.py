@@ -8,15 +8,21 @@ for room, oldest first. Every chunk is a ledger row with its message before it i
 sent; with django-q2's ORM broker the message commits with the transaction that
 planned it, with another broker it is sent after that commit (and the reconciler
 sends one that a crash in between left planned).
+
+A run its dispatching process applies (``--sync``) plans its chunks without sending
+them. Its process holds a lease on it (cleanup.process_lock); once the lease is gone
+(the process died), whoever looks first hands the run to the queue: its unfinished
+chunks are sent and the window goes on as for any other run.
 """
 
 from __future__ import annotations
 
 import structlog
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from cleanup import messages, planning, sizing, transitions, transport
+from cleanup import messages, planning, process_lock, sizing, transitions, transport
 from cleanup.conf import conf
 from cleanup.exceptions import UnknownPolicy
 from cleanup.models import Chunk, Run
@@ -58,11 +64,13 @@ def top_up(policy_name: str, *, strict: bool = False) -> int:
     except UnknownPolicy:
         return 0  # a policy no longer registered plans nothing more
     lock_policy(policy.name)
+    runs = list(Run.objects.filter(policy=policy.name, state=Run.State.RUNNING)
+                .filter(Q(planned_all=False) | Q(in_process=True))
+                .order_by("created_at", "pk").values_list("pk", "planned_all", "in_process"))
+    _take_over(policy.name, [pk for pk, _, in_process in runs if in_process])
     room = size(policy) - in_flight(policy.name)
     planned = 0
-    waiting = Run.objects.filter(policy=policy.name, state=Run.State.RUNNING,
-                                 planned_all=False).order_by("created_at", "pk")
-    for run_id in waiting.values_list("pk", flat=True):
+    for run_id in [pk for pk, planned_all, _ in runs if not planned_all]:
         if room <= 0:
             break
         try:
@@ -97,6 +105,73 @@ def _top_up_run(run_id, policy: Policy, room: int) -> int:
         # Its last chunk may have finished already (or it found nothing): settled here.
         transitions.settle_run(run.pk)
     return added
+
+
+def take_over_abandoned(policy_name: str) -> list:
+    """Hand the policy's in-process runs whose process is gone to the queue, in the
+    caller's transaction; return their ids.
+
+    Whoever notices first does it: a chunk's top-up, the reconciler, a dispatch
+    before it coalesces a slot (which must never join a run that nobody applies).
+    """
+    lock_policy(policy_name)
+    taken = _take_over(policy_name, list(
+        Run.objects.filter(policy=policy_name, state=Run.State.RUNNING, in_process=True)
+        .values_list("pk", flat=True)))
+    if taken:
+        top_up(policy_name)  # the window refilled, as a chunk's end would
+    return taken
+
+
+def _take_over(policy_name: str, in_process: list) -> list:
+    if not in_process:
+        return []
+    # The lease is the process's own session lock: gone the moment that session ends.
+    alive = process_lock.held(in_process)
+    taken = []
+    for run_id in in_process:
+        if run_id in alive:
+            continue
+        try:
+            with transaction.atomic():
+                if _to_queue(run_id):
+                    taken.append(run_id)
+        except Exception as exc:  # noqa: BLE001 - the next noticer tries again
+            log.error("taking over an abandoned in-process run failed", policy=policy_name,
+                      run_id=str(run_id), error=str(exc))
+            continue
+        log.warning("in-process run taken over by the workers", policy=policy_name,
+                    run_id=str(run_id),
+                    reason="its --sync process is gone: the lease it held was released")
+    return taken
+
+
+def hand_over(run_id, reason: str) -> bool:
+    """Give a run this process applied (``--sync``) to the queue: its unfinished chunks
+    are sent and the policy's window is topped up; False if it was no longer in process
+    (taken over meanwhile) or has finished."""
+    with transaction.atomic():
+        policy = Run.objects.filter(pk=run_id).values_list("policy", flat=True).first()
+        if policy is None:
+            return False
+        lock_policy(policy)
+        handed = _to_queue(run_id)
+        top_up(policy)
+    if handed:
+        log.info("run handed to the queue", run_id=str(run_id), policy=policy, reason=reason)
+    return handed
+
+
+def _to_queue(run_id) -> bool:
+    """in process → queued, and the unfinished chunks sent (with the ORM broker in this
+    transaction, otherwise once it commits)."""
+    if not transitions.hand_over(run_id):
+        return False
+    if transport.queue_shares_transaction():
+        transport.send_unfinished(run_id)
+    else:
+        transaction.on_commit(lambda: transport.send_unfinished(run_id))
+    return True
 
 
 def top_up_safely(policy_name: str) -> int:

@@ -307,11 +307,16 @@ def test_dispatch_now_previews_then_confirms_once(admin_client, expired_holds):
     assert Run.objects.count() == 0
 
     form = {"policy": "expire-holds", "cutoff": cutoff, "confirm_key": key, "_confirm": "1"}
-    admin_client.post(DISPATCH, form)
-    admin_client.post(DISPATCH, form)
+    first = admin_client.post(DISPATCH, form, follow=True)
+    second = admin_client.post(DISPATCH, form, follow=True)
 
     run = Run.objects.get()
     assert (run.trigger, run.cutoff.isoformat(), run.candidates) == ("admin", cutoff, 5)
+    # The operator reads what the command would print: rows eligible, what was planned.
+    assert texts(first) == [f"Dispatched run {run.pk} of expire-holds (items, cutoff "
+                            f"{run.cutoff:%Y-%m-%d %H:%M:%S} UTC): 5 rows eligible; 1 chunk "
+                            "planned (5 rows)."]
+    assert texts(second) == [f"Run {run.pk} had already been started; nothing new was sent."]
 
 
 def test_dispatch_now_refuses_tampered_values(admin_client, expired_holds):

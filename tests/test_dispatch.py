@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.utils import timezone
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
 from cleanup import transport
-from cleanup.dispatch import dispatch
+from cleanup.dispatch import describe_dispatch, dispatch
+from cleanup.display import utc_text
 from cleanup.exceptions import BadCutoff, BadKey, BadScheme, KeyReused, UnknownPolicy
 from cleanup.models import Chunk, Run
 from cleanup.transport import CHUNK_TASK
 from reservations.models import SeatHold
 from tests.conftest import chunks_of
-from tests.factories import ReminderAttemptFactory, SeatHoldFactory
+from tests.factories import ReminderAttemptFactory, SeatHoldFactory, SectionFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -210,3 +214,87 @@ def test_interrupted_sync_run_is_finished_by_dispatching_its_key_again(
     assert again.created is False
     assert again.run.state == Run.State.COMPLETED
     assert SeatHold.objects.count() == 0
+
+
+def expired_backlog(rows: int) -> None:
+    section = SectionFactory(capacity=rows)
+    expired = timezone.now() - timedelta(hours=1)
+    SeatHold.objects.bulk_create(
+        SeatHold(section=section, tenant=section.tenant, learner_ref=f"learner-{i}",
+                 expires_at=expired - timedelta(seconds=i)) for i in range(rows))
+
+
+def test_dispatch_says_the_rows_eligible_and_its_first_window_with_separators(db, chunk_size):
+    from structlog.testing import capture_logs
+
+    chunk_size("expire-holds", 2)
+    expired_backlog(1234)
+    SeatHoldFactory()  # expires in the future: not eligible
+
+    with capture_logs() as logs:
+        result = dispatch("expire-holds")
+
+    run = result.run
+    expected = (f"Dispatched run {run.id} of expire-holds (items, cutoff "
+                f"{utc_text(run.cutoff)} UTC): 1,234 rows eligible; first 4 chunks planned "
+                "(8 rows), the rest as they finish.")
+    assert describe_dispatch(result) == expected
+    assert (result.eligible, result.first_chunks, result.first_rows) == (1234, 4, 8)
+    assert run.eligible_at_dispatch == 1234
+    (logged,) = [line for line in logs if line["event"] == "dispatched"]
+    assert (logged["eligible"], logged["first_chunks"], logged["first_rows"]) == (1234, 4, 8)
+    assert logged["summary"] == expected
+
+
+def test_a_dispatch_behind_a_full_window_says_which_run_it_waits_behind(expired_holds,
+                                                                        settings, chunk_size):
+    settings.CLEANUP_WINDOW = 1
+    chunk_size("expire-holds", 2)
+    first = dispatch("expire-holds", key="first").run
+
+    second = dispatch("expire-holds", key="second")
+
+    assert (second.first_chunks, second.waiting_behind) == (0, first.pk)
+    assert describe_dispatch(second).endswith(
+        f": 5 rows eligible; waiting for room in the window behind run {first.pk}.")
+
+
+def test_dispatch_command_json_carries_what_the_sentence_says(expired_holds, settings,
+                                                              chunk_size):
+    settings.CLEANUP_WINDOW = 1
+    chunk_size("expire-holds", 2)
+    first = dispatch("expire-holds", key="first").run
+    out = StringIO()
+
+    call_command("cleanup_dispatch", "--policy", "expire-holds", "--json", stdout=out)
+
+    result = json.loads(out.getvalue())
+    assert (result["eligible"], result["first_chunks"], result["first_rows"]) == (5, 0, 0)
+    assert result["waiting_behind"] == str(first.pk)
+    assert result["sync"] is None
+    assert result["summary"] == (
+        f"Dispatched run {result['run_id']} of expire-holds (items, cutoff "
+        f"{utc_text(Run.objects.get(pk=result['run_id']).cutoff)} UTC): 5 rows eligible; "
+        f"waiting for room in the window behind run {first.pk}.")
+
+
+class Terminal(StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_sync_progress_says_the_rows_changed_of_the_rows_eligible(db, chunk_size):
+    chunk_size("expire-holds", 500)
+    expired_backlog(1200)
+    out, progress = StringIO(), Terminal()
+
+    call_command("cleanup_dispatch", "--policy", "expire-holds", "--sync", stdout=out,
+                 stderr=progress)
+
+    assert progress.getvalue().split("\r")[1:] == [
+        "Applied 1 chunk: 500 of 1,200 rows changed",
+        "Applied 2 chunks: 1,000 of 1,200 rows changed",
+        "Applied 3 chunks: 1,200 of 1,200 rows changed\n",
+    ]
+    assert ("1,200 rows eligible; 3 chunks planned (1,200 rows); applied here: 1,200 of "
+            "1,200 rows deleted in 3 chunks. State completed;") in out.getvalue()

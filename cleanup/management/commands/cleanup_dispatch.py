@@ -1,9 +1,12 @@
+from __future__ import annotations
+
 import logging
 import time
 from contextlib import contextmanager
 
 from cleanup.cutoffs import parse_cutoff
-from cleanup.dispatch import dispatch
+from cleanup.dispatch import describe_dispatch, dispatch
+from cleanup.display import number
 from cleanup.management.base import CleanupCommand, count
 from cleanup.models import Run
 from cleanup.policies import SCHEMES
@@ -45,6 +48,7 @@ class Command(CleanupCommand):
             )
         if show:
             self.stderr.write("", style_func=str)
+        applied = result.applied
         return {
             "run_id": str(result.run.id) if result.run else None,
             "created": result.created,
@@ -53,35 +57,38 @@ class Command(CleanupCommand):
             "scheme": result.scheme,
             "cutoff": result.cutoff.isoformat(timespec="microseconds"),
             "candidates": result.candidates,
+            "eligible": result.eligible,
+            "first_chunks": result.first_chunks,
+            "first_rows": result.first_rows,
+            "waiting_behind": str(result.waiting_behind) if result.waiting_behind else None,
             # By state with a total, as in every command; a dry run has only the total.
             "chunks": (run_summary(result.run)["chunks"] if result.run
                        else {"total": result.chunks}),
             "planned_all": result.planned_all,
             "state": result.run.state if result.run else None,
+            # --sync: what this process applied, and whether the queue has the rest.
+            "sync": None if applied is None else {
+                "chunks_applied": applied.chunks,
+                "rows_changed": applied.rows,
+                "handed_to_queue": applied.handed_over,
+                "failed_chunk": applied.failed_chunk,
+                "cause": applied.cause or None,
+                "note": applied.note or None,
+            },
+            "summary": describe_dispatch(result),
             "seconds": round(time.monotonic() - started, 3),
         }
 
-    def _progress(self, chunks: int, rows: int) -> None:
-        self.stderr.write(f"\rApplied {count(chunks, 'chunk')}, {count(rows, 'row')} changed",
+    def _progress(self, chunks: int, rows: int, eligible: int | None) -> None:
+        of = "" if eligible is None else f" of {number(eligible)}"
+        self.stderr.write(f"\rApplied {count(chunks, 'chunk')}: {number(rows)}{of} rows changed",
                           ending="", style_func=str)
         self.stderr.flush()
 
     def describe(self, result: dict, verbosity: int) -> str:
         if result["dry_run"]:
-            return (f"Dry run: {result['policy']} would plan "
-                    f"{count(result['chunks']['total'], 'chunk')} "
-                    f"({result['scheme']}) for {count(result['candidates'], 'row')} eligible at "
-                    f"{result['cutoff']}.")
-        verb = "Dispatched" if result["created"] else "Already dispatched:"
-        if result["planned_all"]:
-            planned = (f"{count(result['chunks']['total'], 'chunk')} ({result['scheme']}) for "
-                       f"{count(result['candidates'], 'row')} eligible at {result['cutoff']}")
-        else:
-            planned = (f"first {count(result['chunks']['total'], 'chunk')} ({result['scheme']}, "
-                       f"{count(result['candidates'], 'row')} eligible at {result['cutoff']}) "
-                       "sent; the rest is planned as they finish")
-        return (f"{verb} run {result['run_id']} of {result['policy']}: {planned}; state "
-                f"{result['state']}; took {result['seconds']:.1f} s.")
+            return result["summary"]
+        return f"{result['summary']} State {result['state']}; took {result['seconds']:.1f} s."
 
 
 @contextmanager

@@ -1,0 +1,147 @@
+"""A --sync chunk whose row lock outlasts the in-task retries is left to the queue's
+retries like any other delivery: the run is handed to the workers, and the command says
+so in one line (or one JSON object) and exits 0.
+
+transaction=True throughout: the lock is held from a second real connection, which must
+see the holds the test committed (and the subprocess must see them too).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from datetime import timedelta
+from io import StringIO
+
+import psycopg
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+from django_q.models import OrmQ
+from django_q.signing import SignedPackage
+
+from cleanup.models import Chunk, Run
+from cleanup.worker import apply_chunk
+from reservations.models import SeatHold
+from tests.conftest import ROOT, database_url, subprocess_env
+from tests.factories import SeatHoldFactory, SectionFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+LOCK_TIMEOUT = "OperationalError: canceling statement due to lock timeout"
+
+
+def holds_in_expiry_order(count: int) -> list[SeatHold]:
+    """Expired holds one second apart: items chunks take them in this order."""
+    section = SectionFactory(capacity=count)
+    now = timezone.now()
+    return [SeatHoldFactory(section=section, expires_at=now - timedelta(hours=1, seconds=count - i))
+            for i in range(count)]
+
+
+def locked_elsewhere(hold: SeatHold) -> psycopg.Connection:
+    """A second real connection holding the row lock of ``hold`` (a long renewal)."""
+    holder = psycopg.connect(database_url())
+    holder.execute("SELECT 1 FROM reservations_seathold WHERE id = %s FOR UPDATE", [hold.pk])
+    return holder
+
+
+def queued_messages() -> list[dict]:
+    return [SignedPackage.loads(q.payload)["args"][0] for q in OrmQ.objects.order_by("id")]
+
+
+def assert_handed_to_the_queue_with_chunk_retrying(run: Run, failed: int) -> None:
+    run.refresh_from_db()
+    assert run.in_process is False and run.state == Run.State.RUNNING
+    chunk = run.chunks.get(chunk_id=failed)
+    assert (chunk.state, chunk.cause) == (Chunk.State.RETRYING, LOCK_TIMEOUT)
+    unfinished = list(run.chunks.filter(state__in=Chunk.UNFINISHED).order_by("chunk_id"))
+    assert {c.state for c in unfinished if c.chunk_id != failed} <= {Chunk.State.ENQUEUED}
+    # Every unfinished chunk's message is in the queue, the retrying one's too.
+    assert queued_messages() == [c.message for c in unfinished]
+
+
+def finish_from_the_queue(run: Run) -> None:
+    """Deliver what the queue holds, as a worker would, until the run completes."""
+    while messages := queued_messages():
+        OrmQ.objects.all().delete()
+        for message in messages:
+            apply_chunk(message)
+    run.refresh_from_db()
+    assert run.state == Run.State.COMPLETED
+
+
+def test_a_sync_chunk_locked_past_the_in_task_retries_is_left_to_the_queue(settings,
+                                                                           chunk_size):
+    settings.CLEANUP_LOCK_TIMEOUT_MS = 100
+    settings.CLEANUP_TRANSIENT_RETRIES = 1
+    chunk_size("expire-holds", 2)
+    holds = holds_in_expiry_order(8)
+    holder = locked_elsewhere(holds[4])  # in chunk #3
+    out = StringIO()
+    try:
+        call_command("cleanup_dispatch", "--policy", "expire-holds", "--sync", stdout=out)
+    finally:
+        holder.close()
+
+    run = Run.objects.get()
+    (line,) = out.getvalue().splitlines()
+    assert re.fullmatch(
+        rf"Dispatched run {run.id} of expire-holds \(items, cutoff [0-9-]+ [0-9:]+ UTC\): "
+        r"8 rows eligible; 4 chunks planned \(8 rows\); applied here: 4 of 8 rows "
+        rf"deleted in 2 chunks; chunk #3 met \"{LOCK_TIMEOUT}\" past 1 in-task retries: the "
+        r"run is handed to the queue, which retries it\. State running; took [0-9.]+ s\.",
+        line), line
+    assert_handed_to_the_queue_with_chunk_retrying(run, failed=3)
+    finish_from_the_queue(run)
+    assert SeatHold.objects.count() == 0
+    assert sum(c.rows_deleted for c in run.chunks.all()) == 8
+
+
+SETTINGS = """
+from config.settings import *  # noqa: F403
+
+# Chunks of 20 holds; a row lock gives up within a fifth of a second, retried once.
+RESERVATIONS_EXPIRE_CHUNK_SIZE = 20
+CLEANUP_CHUNK_BUDGET_MS = 0
+CLEANUP_LOCK_TIMEOUT_MS = 200
+CLEANUP_TRANSIENT_RETRIES = 1
+"""
+
+
+def test_sync_json_with_a_row_locked_past_the_retries_is_one_object_and_exit_0(tmp_path):
+    (tmp_path / "locked_settings.py").write_text(SETTINGS)
+    holds = holds_in_expiry_order(100)
+    renewed = SeatHoldFactory(section=holds[0].section)  # not expired: never deleted
+    holder = locked_elsewhere(holds[50])  # in chunk #3
+    try:
+        process = subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), "cleanup_dispatch", "--policy",
+             "expire-holds", "--sync", "--json"],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+            env=subprocess_env(DJANGO_SETTINGS_MODULE="locked_settings",
+                               PYTHONPATH=str(tmp_path)))
+    finally:
+        holder.close()
+
+    assert process.returncode == 0, process.stdout + process.stderr
+    assert "Traceback" not in process.stderr
+    (line,) = process.stdout.splitlines()
+    result = json.loads(line)
+    run = Run.objects.get()
+    assert (result["run_id"], result["state"], result["eligible"]) == (
+        str(run.id), "running", 100)
+    assert result["sync"] == {
+        "chunks_applied": 2, "rows_changed": 40, "handed_to_queue": True, "failed_chunk": 3,
+        "cause": LOCK_TIMEOUT,
+        "note": f'chunk #3 met "{LOCK_TIMEOUT}" past 1 in-task retries: the run is handed to '
+                "the queue, which retries it",
+    }
+    assert result["summary"].endswith(
+        "applied here: 40 of 100 rows deleted in 2 chunks; " + result["sync"]["note"] + ".")
+    assert_handed_to_the_queue_with_chunk_retrying(run, failed=3)
+
+    finish_from_the_queue(run)
+    assert sum(c.rows_deleted for c in run.chunks.all()) == 100
+    assert list(SeatHold.objects.all()) == [renewed]
