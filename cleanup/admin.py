@@ -20,7 +20,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import ngettext
 
-from cleanup import display, operations, planning, triage
+from cleanup import display, frontier, operations, planning, triage
 from cleanup import health as health_report
 from cleanup.conf import lease
 from cleanup.dispatch import describe_dispatch, dispatch
@@ -316,6 +316,8 @@ class RunAdmin(LedgerAdmin):
         """How far the frontier has got through the run's span."""
         if run.planned_all:
             return "every chunk planned"
+        if bad := frontier.problem(run):
+            return f"planning stopped: {bad}"
         parts = ["planning as chunks finish"]
         if (at := planning.position(run)) is not None:
             parts.append(f"{at:.0%} through its span")

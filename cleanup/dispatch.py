@@ -17,7 +17,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django_q.conf import Conf
 
-from cleanup import planning, process_lock, sizing, transitions, window
+from cleanup import frontier, planning, process_lock, sizing, transitions, window
 from cleanup.counters import ROWS_CHANGED
 from cleanup.cutoffs import frozen_cutoff
 from cleanup.dispatch_summary import describe_dispatch
@@ -156,7 +156,7 @@ def _start(policy: Policy, run_id, key, cutoff, frozen, scheme, trigger, replay_
             max_span=sizing.max_span(policy, scheme, size),
             span_start=span.start,
             span_end=span.end,
-            frontier=span.frontier,
+            frontier=frontier.dump(span.frontier),
             planned_all=span.frontier is None,
             window=window.size(policy),
             in_process=sync,

@@ -1,13 +1,8 @@
 """Plan a run's chunks as it goes: its key span at dispatch, then one chunk at a time
 from its frontier.
 
-A frontier is where the next chunk starts, as JSON the run stores:
-
-- ranges over the whole table: ``{"next_id": n}``;
-- ranges per partition: ``{"partition": p, "next_id": n}``, in (partition, pk) order
-  (``partition`` null before the first one);
-- items: ``{"after": [observed text, pk]}`` in (observed value, pk) order (null before
-  the first row), then ``{"nulls_after": pk}`` for rows whose observed value is NULL.
+A frontier is where the next chunk starts (cleanup.frontier: one of four shapes, stored
+on the run as JSON).
 
 Each step reads only what the next chunk holds, through the index the policy should
 have on its eligible rows, so memory stays flat and a stretch where nothing is eligible
@@ -24,6 +19,8 @@ from django.db.models import Count, DateTimeField, Max, Min, Q, Value
 from django.db.models.functions import Cast
 
 from cleanup.expressions import Clamped, ObservedText
+from cleanup.frontier import AfterItem, AfterNull, Frontier, NextId, PartitionNextId, json_safe
+from cleanup.frontier import position as frontier_position
 from cleanup.policies import ITEMS, Policy
 
 
@@ -44,7 +41,7 @@ class Span:
 
     start: int | None
     end: int | None
-    frontier: dict | None
+    frontier: Frontier | None
 
 
 def span(policy: Policy, frozen: dict[str, datetime], scheme: str) -> Span:
@@ -60,19 +57,18 @@ def span(policy: Policy, frozen: dict[str, datetime], scheme: str) -> Span:
         oldest = (policy.eligible_rows(frozen).order_by(policy.observed_field)
                   .values_list(Clamped(policy.observed_field), flat=True).first())
         start = _epoch(oldest) if isinstance(oldest, datetime) else None
-        return Span(start, _epoch(frozen["cutoff"]) + 1, {"after": None})
+        return Span(start, _epoch(frozen["cutoff"]) + 1, AfterItem(None))
     keys = policy.model._default_manager.aggregate(low=Min("pk"), high=Max("pk"))
     if keys["low"] is None:
         return Span(None, None, None)
-    first = {"next_id": keys["low"]}
-    if policy.partition_column is not None:
-        first = {"partition": None, **first}
+    first = (NextId(keys["low"]) if policy.partition_column is None
+             else PartitionNextId(None, keys["low"]))
     return Span(keys["low"], keys["high"] + 1, first)
 
 
-def next_chunk(policy: Policy, frozen: dict[str, datetime], scheme: str, frontier: dict,
+def next_chunk(policy: Policy, frozen: dict[str, datetime], scheme: str, frontier: Frontier,
                size: int, *, span_end: int | None = None,
-               max_span: int | None = None) -> tuple[PlannedChunk | None, dict | None]:
+               max_span: int | None = None) -> tuple[PlannedChunk | None, Frontier | None]:
     """Plan the chunk at ``frontier``; return it and the frontier after it.
 
     The chunk is None when nothing eligible is left; the frontier is None once the span
@@ -108,32 +104,29 @@ def _next_range(policy, frozen, frontier, size, span_end, max_span):
         if found["rows"]:
             break
         # The row the probe found stopped being eligible just now: look again past it.
-        frontier = {**frontier, "next_id": start + 1}
-        if column is not None:
-            frontier["partition"] = _json_safe(partition)
+        frontier = (NextId(start + 1) if column is None
+                    else PartitionNextId(json_safe(partition), start + 1))
     full = found["rows"] == size
     end = found["last"] + 1 if full or max_span is None else start + max_span
     if span_end is not None:
         end = min(end, span_end)
     planned = PlannedChunk(found["rows"], None, partition, start, end)
-    following = {"next_id": end}
-    if column is not None:
-        following = {"partition": _json_safe(partition), **following}
-    elif not full and max_span is None:
+    following = NextId(end) if column is None else PartitionNextId(json_safe(partition), end)
+    if column is None and not full and max_span is None:
         following = None  # nothing eligible is left beyond the last row counted
     return planned, following
 
 
 def _first_eligible(eligible, column, frontier) -> tuple[Any, int] | None:
     if column is None:
-        pk = (eligible.filter(pk__gte=frontier["next_id"]).order_by("pk")
+        pk = (eligible.filter(pk__gte=frontier.next_id).order_by("pk")
               .values_list("pk", flat=True).first())
         return None if pk is None else (None, pk)
-    partition = frontier.get("partition")
+    partition = frontier.partition
     if partition is not None:
         # (partition, pk) >= (p, next id), with a bound the index can seek to.
         eligible = eligible.filter(
-            (Q(**{f"{column}__gt": partition}) | Q(pk__gte=frontier["next_id"]))
+            (Q(**{f"{column}__gt": partition}) | Q(pk__gte=frontier.next_id))
             & Q(**{f"{column}__gte": partition})
         )
     return eligible.order_by(column, "pk").values_list(column, "pk").first()
@@ -151,26 +144,26 @@ def _next_items(policy, frozen, frontier, size):
     observed = policy.observed_field
     nullable = policy.model._meta.get_field(observed).null
     eligible = policy.eligible_rows(frozen)
-    if "nulls_after" not in frontier:
+    if isinstance(frontier, AfterItem):
         page = eligible.order_by(observed, "pk")
         if nullable:
             page = page.filter(**{f"{observed}__isnull": False})
-        if frontier["after"] is not None:
-            page = page.filter(_after_observed(observed, *frontier["after"]))
+        if frontier.after is not None:
+            page = page.filter(_after_observed(observed, *frontier.after))
         items = list(page.values_list("pk", ObservedText(observed))[:size])
         if len(items) == size:
-            return _page(items), {"after": [items[-1][1], _json_safe(items[-1][0])]}
+            return _page(items), AfterItem((items[-1][1], json_safe(items[-1][0])))
         if not nullable:
             return _page(items), None
         if items:
             # The last page of values; the NULLs follow in the chunk after.
-            return _page(items), {"nulls_after": None}
-        frontier = {"nulls_after": None}
+            return _page(items), AfterNull(None)
+        frontier = AfterNull(None)
     page = eligible.filter(**{f"{observed}__isnull": True}).order_by("pk")
-    if frontier["nulls_after"] is not None:
-        page = page.filter(pk__gt=frontier["nulls_after"])
+    if frontier.nulls_after is not None:
+        page = page.filter(pk__gt=frontier.nulls_after)
     items = list(page.values_list("pk", ObservedText(observed))[:size])
-    following = {"nulls_after": _json_safe(items[-1][0])} if len(items) == size else None
+    following = AfterNull(json_safe(items[-1][0])) if len(items) == size else None
     return _page(items), following
 
 
@@ -186,27 +179,8 @@ def _after_observed(observed: str, last_text: str, last_pk) -> Q:
 
 
 def position(run) -> float | None:
-    """How far the run's frontier is through its span, from 0 to 1; None where the
-    span has no order to measure (ranges per partition, items with infinite values)."""
-    if run.planned_all:
-        return 1.0
-    if run.span_start is None or run.span_end is None or run.frontier is None:
-        return None
-    frontier = run.frontier
-    if "next_id" in frontier and "partition" not in frontier:
-        at = frontier["next_id"]
-    elif "after" in frontier:
-        if frontier["after"] is None:  # before the first row
-            at = run.span_start
-        else:
-            try:
-                at = _epoch(datetime.fromisoformat(frontier["after"][0]))
-            except ValueError:  # PostgreSQL's own text, such as -infinity
-                return None
-    else:
-        return None  # ranges per partition, or the NULLs after the items
-    width = run.span_end - run.span_start
-    return min(max((at - run.span_start) / width, 0.0), 1.0) if width > 0 else None
+    """How far the run's frontier is through its span, from 0 to 1 (cleanup.frontier)."""
+    return frontier_position(run)
 
 
 def remaining_rows(run) -> int | None:
@@ -223,5 +197,3 @@ def _epoch(moment: datetime) -> int:
     return int(moment.timestamp())
 
 
-def _json_safe(value: Any) -> Any:
-    return value if value is None or isinstance(value, (int, str)) else str(value)

@@ -22,7 +22,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from cleanup import messages, planning, process_lock, sizing, transitions, transport
+from cleanup import frontier, messages, planning, process_lock, sizing, transitions, transport
 from cleanup.conf import conf
 from cleanup.exceptions import UnknownPolicy
 from cleanup.models import Chunk, Run
@@ -193,12 +193,12 @@ def top_up_now(policy_name: str) -> int:
 
 def _plan_next(run: Run, policy: Policy) -> bool:
     """Plan the chunk at the run's frontier and send it; False if nothing was left."""
-    chunk, frontier = planning.next_chunk(
-        policy, run.frozen, run.scheme, run.frontier, run.next_chunk_size,
+    chunk, following = planning.next_chunk(
+        policy, run.frozen, run.scheme, frontier.load(run.frontier), run.next_chunk_size,
         span_end=run.span_end, max_span=run.max_span,
     )
-    run.frontier = frontier
-    run.planned_all = frontier is None
+    run.frontier = frontier.dump(following)
+    run.planned_all = following is None
     if chunk is None:
         run.planned_all, run.frontier = True, None
         return False

@@ -11,6 +11,7 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cleanup.frontier import NextId
 from cleanup.planning import next_chunk, span
 from cleanup.policies import ITEMS, RANGE, get_policy
 from reservations.models import ReminderAttempt, SeatHold, Tenant
@@ -117,7 +118,7 @@ def test_rows_inserted_after_dispatch_lie_beyond_the_span(section):
     chunk, frontier = next_chunk(policy, frozen, RANGE, planned.frontier, 1,
                                  span_end=planned.end)
     assert (chunk.start_id, chunk.end_id, chunk.rows) == (before.pk, before.pk + 1, 1)
-    assert frontier == {"next_id": before.pk + 1}
+    assert frontier == NextId(before.pk + 1)
     assert next_chunk(policy, frozen, RANGE, frontier, 1, span_end=planned.end) == (None, None)
 
 
