@@ -2,15 +2,142 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 from django.conf import settings
 from django.core import checks
 from django.db import DEFAULT_DB_ALIAS, router
 from django.db.models.deletion import Collector
 from django.utils import timezone
 
-from cleanup.conf import conf, invalid_metrics_networks, metrics_networks
+from cleanup.conf import (
+    DEFAULTS,
+    PREFIX,
+    conf,
+    invalid_metrics_networks,
+    metrics_networks,
+    network_list,
+)
 from cleanup.exceptions import CleanupError
 from cleanup.policies import RANGE, all_policies
+
+# PostgreSQL's integer settings (lock_timeout, in milliseconds) stop at INT_MAX.
+PG_INT_MAX = 2_147_483_647
+# A retention of more than a century is a unit mistake, not a policy.
+MAX_RETENTION_DAYS = 36_500
+# django-q2's scheduler passes every 30 s, so a slot may fire up to that late.
+SCHEDULER_PASS_SECONDS = 30
+
+
+def whole(value: Any) -> bool:
+    """Whether the value is an int; True and False are not counts."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def number(value: Any) -> bool:
+    """Whether the value is a finite int or float (not a bool)."""
+    return (whole(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one CLEANUP_* setting must be, judged by its own value."""
+
+    name: str
+    id: str
+    requirement: str
+    hint: str
+    valid: Callable[[Any], bool]
+
+    def errors(self) -> list[checks.Error]:
+        value = getattr(conf, self.name)
+        if self.valid(value):
+            return []
+        return [
+            checks.Error(
+                f"{PREFIX}_{self.name} is {value!r}; it must be {self.requirement}.",
+                hint=f"{self.hint} The default is {DEFAULTS[self.name]!r}.",
+                id=self.id,
+            )
+        ]
+
+
+# The chunk-sizing settings, each on its own, before their bounds are compared.
+SIZING_RULES = (
+    Rule("CHUNK_BUDGET_MS", "cleanup.E006", "a number of milliseconds, 0 (off) or more",
+         "Set the transaction time a learned chunk should take, or 0 to always use the "
+         "policy's chunk_size.",
+         lambda value: number(value) and value >= 0),
+    *(
+        Rule(name, "cleanup.E006", "a whole number of rows, at least 1",
+             f"Set the {bound} rows a learned {kind} may hold.",
+             lambda value: whole(value) and value >= 1)
+        for name, bound, kind in (
+            ("MIN_ROWS_PER_CHUNK", "fewest", "chunk size"),
+            ("MAX_ITEMS_PER_CHUNK", "most", "items chunk"),
+            ("MAX_RANGE_ROWS_PER_CHUNK", "most", "range chunk"),
+        )
+    ),
+)
+WINDOW_RULE = Rule(
+    "WINDOW", "cleanup.E011", "a whole number of chunks, at least 1",
+    "With no room in the window no run would ever plan a chunk. Set it above the worker "
+    "count, so a worker finishing a chunk finds the next one queued.",
+    lambda value: whole(value) and value >= 1,
+)
+SETTING_RULES = (
+    Rule("MAX_UNFINISHED_DELIVERIES", "cleanup.E013", "a whole number of deliveries, at least 1",
+         "Set how many deliveries of a chunk may start without completing before it is "
+         "dead-lettered; at 0 every chunk would be dead-lettered on its first delivery.",
+         lambda value: whole(value) and value >= 1),
+    Rule("TRANSIENT_RETRIES", "cleanup.E014", "a whole number of retries, 0 or more",
+         "Set how often one delivery retries a deadlock, lock timeout, serialization failure "
+         "or dropped connection before the broker redelivers it; 0 retries none.",
+         lambda value: whole(value) and value >= 0),
+    Rule("TRANSIENT_BACKOFF", "cleanup.E015", "a number of seconds, 0 or more",
+         "Set the base of the jittered exponential backoff between in-task retries, in "
+         "seconds (an int or a float).",
+         lambda value: number(value) and value >= 0),
+    Rule("LOCK_TIMEOUT_MS", "cleanup.E016",
+         f"a whole number of milliseconds from 1 to {PG_INT_MAX}",
+         "Set how long a chunk's DELETE may wait for a row lock before it gives up and is "
+         "retried; PostgreSQL reads 0 as no timeout, which lets a chunk hang.",
+         lambda value: whole(value) and 1 <= value <= PG_INT_MAX),
+    Rule("SCHEDULE_GRACE_SECONDS", "cleanup.E017",
+         f"a number of seconds above {SCHEDULER_PASS_SECONDS}",
+         "Set how late a schedule slot may fire before it counts as missed. django-q2's "
+         f"scheduler passes every {SCHEDULER_PASS_SECONDS} s, so a healthy slot fires up to "
+         "that late; a shorter grace reports missed schedules that are not.",
+         lambda value: number(value) and value > SCHEDULER_PASS_SECONDS),
+    Rule("HEARTBEAT_STALE_SECONDS", "cleanup.E018",
+         f"a number of seconds above {60 + SCHEDULER_PASS_SECONDS}",
+         "Set how long a cluster may go without a heartbeat before it is reported as not "
+         "taking work. Heartbeats run once a minute and may fire up to "
+         f"{SCHEDULER_PASS_SECONDS} s late; a shorter limit makes /health answer 503 for a "
+         "healthy cluster.",
+         lambda value: number(value) and value > 60 + SCHEDULER_PASS_SECONDS),
+    *(
+        Rule(name, id_, f"a whole number of days from 1 to {MAX_RETENTION_DAYS}",
+             f"Set how many days {what} are kept before the engine purges them.",
+             lambda value: whole(value) and 1 <= value <= MAX_RETENTION_DAYS)
+        for name, id_, what in (
+            ("LEDGER_RETENTION_DAYS", "cleanup.E019", "finished chunks, slots and runs"),
+            ("TASK_RESULT_RETENTION_DAYS", "cleanup.E020", "django-q2's saved task results"),
+        )
+    ),
+    Rule("METRICS_TOKEN", "cleanup.E021", "a string without surrounding whitespace",
+         "Set the bearer token Prometheus sends in its Authorization header, or '' for none. "
+         "HTTP drops the whitespace around a header's value, so such a token never matches.",
+         lambda value: isinstance(value, str) and value == value.strip()),
+    Rule("METRICS_ALLOWED_NETWORKS", "cleanup.E022",
+         "a list of networks, or one string of networks separated by commas",
+         "Set the CIDR networks allowed to scrape /metrics, e.g. ['10.0.0.0/8'], or [] for "
+         "none. Until then no network may scrape (a token still works).",
+         network_list),
+)
 
 
 @checks.register(checks.Tags.database, checks.Tags.compatibility)
@@ -37,20 +164,7 @@ def check_queue_settings(app_configs=None, **kwargs):
                 id="cleanup.E002",
             )
         )
-    low, items_high, range_high = (
-        conf.MIN_ROWS_PER_CHUNK, conf.MAX_ITEMS_PER_CHUNK, conf.MAX_RANGE_ROWS_PER_CHUNK
-    )
-    if conf.CHUNK_BUDGET_MS < 0 or not 1 <= low <= min(items_high, range_high):
-        errors.append(
-            checks.Error(
-                f"Chunk sizing is inconsistent: CLEANUP_CHUNK_BUDGET_MS={conf.CHUNK_BUDGET_MS}, "
-                f"CLEANUP_MIN_ROWS_PER_CHUNK={low}, CLEANUP_MAX_ITEMS_PER_CHUNK={items_high}, "
-                f"CLEANUP_MAX_RANGE_ROWS_PER_CHUNK={range_high}.",
-                hint="The budget must be 0 (off) or positive, and the floor at least 1 and "
-                "at most each ceiling.",
-                id="cleanup.E006",
-            )
-        )
+    errors += _sizing_errors()
     if q_cluster.get("catch_up", True):
         errors.append(
             checks.Warning(
@@ -91,14 +205,69 @@ def check_metrics_access(app_configs=None, **kwargs):
 
 @checks.register()
 def check_window(app_configs=None, **kwargs):
-    window = conf.WINDOW
-    if type(window) is int and window >= 1:
+    return WINDOW_RULE.errors()
+
+
+@checks.register()
+def check_settings(app_configs=None, **kwargs):
+    """Check the CLEANUP_* settings the checks above leave out, then the retry budget."""
+    errors = [error for rule in SETTING_RULES for error in rule.errors()]
+    return errors + _retry_budget_warnings()
+
+
+def _sizing_errors() -> list[checks.Error]:
+    errors = [error for rule in SIZING_RULES for error in rule.errors()]
+    if errors:
+        return errors
+    low, items_high, range_high = (
+        conf.MIN_ROWS_PER_CHUNK, conf.MAX_ITEMS_PER_CHUNK, conf.MAX_RANGE_ROWS_PER_CHUNK
+    )
+    if low <= min(items_high, range_high):
         return []
     return [
         checks.Error(
-            f"CLEANUP_WINDOW is {window!r}; it must be a whole number of chunks, at least 1.",
-            hint="With no room in the window no run would ever plan a chunk.",
-            id="cleanup.E011",
+            f"Chunk sizing is inconsistent: CLEANUP_CHUNK_BUDGET_MS={conf.CHUNK_BUDGET_MS}, "
+            f"CLEANUP_MIN_ROWS_PER_CHUNK={low}, CLEANUP_MAX_ITEMS_PER_CHUNK={items_high}, "
+            f"CLEANUP_MAX_RANGE_ROWS_PER_CHUNK={range_high}.",
+            hint="The floor must be at most each ceiling: lower "
+            "CLEANUP_MIN_ROWS_PER_CHUNK or raise the ceiling below it.",
+            id="cleanup.E006",
+        )
+    ]
+
+
+def _retry_budget_warnings() -> list[checks.Warning]:
+    """A delivery's worst case of lock waits and backoff should end before the task
+    timeout, or the worker is killed mid-retry and the delivery counts as unfinished.
+
+    A warning, not an error: it is a worst case, and tests and drills run short task
+    timeouts on purpose.
+    """
+    timeout = getattr(settings, "Q_CLUSTER", {}).get("timeout")
+    if not number(timeout) or timeout <= 0:
+        return []  # cleanup.E001 names a missing or wrong timeout
+    names = ("TRANSIENT_RETRIES", "TRANSIENT_BACKOFF", "LOCK_TIMEOUT_MS")
+    if any(rule.errors() for rule in SETTING_RULES if rule.name in names):
+        return []  # cleanup.E014 to E016 name them
+    retries, backoff, lock_ms = (getattr(conf, name) for name in names)
+    # Each attempt may wait out the lock timeout; retry n sleeps up to 1.5 * backoff *
+    # 2**(n-1) (the jitter's top). Past 64 retries the sleeps alone outlast any timeout.
+    worst = math.inf if retries > 64 else (
+        (retries + 1) * lock_ms / 1000 + 1.5 * backoff * (2 ** retries - 1)
+    )
+    if worst < timeout:
+        return []
+    spent = "unbounded time" if math.isinf(worst) else f"{worst:,.1f} s"
+    return [
+        checks.Warning(
+            f"One delivery of a chunk can spend {spent} waiting for locks and backing "
+            f"off (CLEANUP_TRANSIENT_RETRIES={retries}, CLEANUP_TRANSIENT_BACKOFF={backoff}, "
+            f"CLEANUP_LOCK_TIMEOUT_MS={lock_ms}), not less than the Q_CLUSTER timeout "
+            f"({timeout} s).",
+            hint="The worker would be killed before its retries end, and the delivery would "
+            "count towards CLEANUP_MAX_UNFINISHED_DELIVERIES. Lower the retries, the backoff "
+            "or the lock timeout, or raise the task timeout.",
+            id="cleanup.W003",
         )
     ]
 

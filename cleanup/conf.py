@@ -1,59 +1,147 @@
-"""The engine's settings, read lazily from django.conf.settings under CLEANUP_*."""
+"""The engine's settings: one typed property per CLEANUP_* setting, read on every access."""
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from datetime import timedelta
 from functools import lru_cache
+from types import MappingProxyType, SimpleNamespace
+from typing import Any
 
 from django.conf import settings
 
-DEFAULTS = {
-    # A chunk whose deliveries keep starting without completing (its worker killed,
-    # or transient errors outlasting the in-task retries) is dead-lettered when this
-    # many earlier deliveries never completed.
-    "MAX_UNFINISHED_DELIVERIES": 5,
-    # Transient database errors retried inside one delivery before giving it back to
-    # the broker, which only redelivers after its lease.
-    "TRANSIENT_RETRIES": 3,
-    # Base of the jittered exponential backoff between in-task retries, in seconds.
-    "TRANSIENT_BACKOFF": 0.2,
-    # PostgreSQL lock_timeout for a chunk's transaction, in milliseconds: a DELETE
-    # stuck behind a long renewal gives up and is retried rather than hanging.
-    "LOCK_TIMEOUT_MS": 5000,
-    # A schedule slot with no run this long after it was due is a missed schedule.
-    "SCHEDULE_GRACE_SECONDS": 120,
-    # Who may read /metrics: clients in these networks, or any client sending
-    # "Authorization: Bearer <METRICS_TOKEN>" when a token is set.
-    "METRICS_ALLOWED_NETWORKS": ["127.0.0.0/8", "::1/128"],
-    "METRICS_TOKEN": "",
-    # A cluster whose workers have not run the (per-minute) heartbeat task for this
-    # long is reported as not taking work.
-    "HEARTBEAT_STALE_SECONDS": 180,
-    # Finished runs and chunks older than this are purged by the engine's own
-    # policies; so are django-q2's saved task results after TASK_RESULT_RETENTION_DAYS.
-    "LEDGER_RETENTION_DAYS": 30,
-    "TASK_RESULT_RETENTION_DAYS": 7,
-    # Chunk size from a transaction-time budget: a new run's chunks hold as many rows
-    # as recent chunks of the policy and scheme deleted in this many milliseconds
-    # (0: always the policy's chunk_size). Bounded by the floor and the ceilings; an
-    # items chunk carries each of its rows in its message, hence its lower ceiling.
-    # 40 ms: at 50 the chunks' p99 reached 100 ms (README, Performance).
-    "CHUNK_BUDGET_MS": 40,
-    "MIN_ROWS_PER_CHUNK": 50,
-    # Chunks of one policy in flight at once, for a policy that sets no window of its
-    # own: its runs plan each next chunk as one ends. Above the worker count, so a
-    # worker finishing a chunk finds the next one already queued.
-    "WINDOW": 4,
-    "MAX_ITEMS_PER_CHUNK": 2_000,
-    "MAX_RANGE_ROWS_PER_CHUNK": 100_000,
-}
+PREFIX = "CLEANUP"
+
+
+class Settings:
+    """The engine's settings, each read from ``CLEANUP_<NAME>`` when it is accessed.
+
+    Nothing is cached, so the pytest ``settings`` fixture and override_settings work.
+    The types are what the engine expects; the system checks in ``cleanup.checks``
+    refuse a value of another type or out of range, naming the setting.
+    """
+
+    def __init__(self, source: Any = settings) -> None:
+        self._source = source
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """Every setting's name without the prefix, in the order they are declared."""
+        return tuple(name for name, member in vars(cls).items() if isinstance(member, property))
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Every setting's name (without the prefix) and its default."""
+        # A namespace with no CLEANUP_* attribute, so each property falls back to its default.
+        shipped = cls(source=SimpleNamespace())
+        return {name: getattr(shipped, name) for name in cls.names()}
+
+    def _read(self, name: str, default: Any) -> Any:
+        return getattr(self._source, f"{PREFIX}_{name}", default)
+
+    @property
+    def MAX_UNFINISHED_DELIVERIES(self) -> int:
+        """Deliveries of a chunk that may start without completing before it is
+        dead-lettered (its worker killed, or transient errors outlasting the in-task
+        retries each time); a committed chunk never is."""
+        return self._read("MAX_UNFINISHED_DELIVERIES", 5)
+
+    @property
+    def TRANSIENT_RETRIES(self) -> int:
+        """Transient database errors retried inside one delivery before it is given back
+        to the broker, which only redelivers after its lease."""
+        return self._read("TRANSIENT_RETRIES", 3)
+
+    @property
+    def TRANSIENT_BACKOFF(self) -> float:
+        """Base of the jittered exponential backoff between in-task retries, in seconds."""
+        return self._read("TRANSIENT_BACKOFF", 0.2)
+
+    @property
+    def LOCK_TIMEOUT_MS(self) -> int:
+        """PostgreSQL lock_timeout of a chunk's transaction, in milliseconds: a DELETE
+        stuck behind a long renewal gives up and is retried rather than hanging."""
+        return self._read("LOCK_TIMEOUT_MS", 5000)
+
+    @property
+    def SCHEDULE_GRACE_SECONDS(self) -> float:
+        """A schedule slot with no run this long after it was due is a missed schedule."""
+        return self._read("SCHEDULE_GRACE_SECONDS", 120)
+
+    @property
+    def METRICS_ALLOWED_NETWORKS(self) -> list[str] | tuple[str, ...] | str:
+        """Client networks allowed to read /metrics: a list of CIDR networks, or one
+        string of them separated by commas."""
+        return self._read("METRICS_ALLOWED_NETWORKS", ["127.0.0.0/8", "::1/128"])
+
+    @property
+    def METRICS_TOKEN(self) -> str:
+        """When set, any client sending "Authorization: Bearer <token>" may read
+        /metrics, wherever it is."""
+        return self._read("METRICS_TOKEN", "")
+
+    @property
+    def HEARTBEAT_STALE_SECONDS(self) -> float:
+        """A cluster whose workers have not run the (per-minute) heartbeat task for this
+        long is reported as not taking work."""
+        return self._read("HEARTBEAT_STALE_SECONDS", 180)
+
+    @property
+    def LEDGER_RETENTION_DAYS(self) -> int:
+        """Finished chunks and slots older than this are purged by the engine's own
+        policies, their runs a day later."""
+        return self._read("LEDGER_RETENTION_DAYS", 30)
+
+    @property
+    def TASK_RESULT_RETENTION_DAYS(self) -> int:
+        """django-q2's saved task results older than this are purged."""
+        return self._read("TASK_RESULT_RETENTION_DAYS", 7)
+
+    @property
+    def CHUNK_BUDGET_MS(self) -> float:
+        """Chunk size from a transaction-time budget: a new run's chunks hold as many rows
+        as recent chunks of the policy and scheme deleted in this many milliseconds
+        (0: always the policy's chunk_size), bounded by the floor and the ceilings.
+
+        40 ms: at 50 the chunks' p99 reached 100 ms (README, Performance).
+        """
+        return self._read("CHUNK_BUDGET_MS", 40)
+
+    @property
+    def MIN_ROWS_PER_CHUNK(self) -> int:
+        """Floor of a learned chunk size."""
+        return self._read("MIN_ROWS_PER_CHUNK", 50)
+
+    @property
+    def WINDOW(self) -> int:
+        """Chunks of one policy in flight at once, for a policy that sets no window of its
+        own: its runs plan each next chunk as one ends. Above the worker count, so a
+        worker finishing a chunk finds the next one already queued."""
+        return self._read("WINDOW", 4)
+
+    @property
+    def MAX_ITEMS_PER_CHUNK(self) -> int:
+        """Ceiling of a learned items chunk size: lower than the range one, because an
+        items chunk carries each of its rows in its message."""
+        return self._read("MAX_ITEMS_PER_CHUNK", 2_000)
+
+    @property
+    def MAX_RANGE_ROWS_PER_CHUNK(self) -> int:
+        """Ceiling of a learned range chunk size."""
+        return self._read("MAX_RANGE_ROWS_PER_CHUNK", 100_000)
+
+
+conf = Settings()
+# Read-only: the defaults live in the properties above.
+DEFAULTS: Mapping[str, Any] = MappingProxyType(Settings.defaults())
 
 
 class PrefixedSettings:
     """Attribute access to <PREFIX>_<NAME> in settings, falling back to defaults.
 
     Read on every access, so the pytest ``settings`` fixture and override_settings work.
+    The host project's product app (reservations/conf.py) reads its settings with it.
     """
 
     def __init__(self, prefix: str, defaults: dict):
@@ -66,19 +154,24 @@ class PrefixedSettings:
         return getattr(settings, f"{self._prefix}_{name}", self._defaults[name])
 
 
-conf = PrefixedSettings("CLEANUP", DEFAULTS)
-
-
 def metrics_networks() -> tuple:
     """The networks allowed to scrape /metrics, parsed once per value of the setting.
 
     Entries are stripped; one that is not a network is left out (and named by system
-    check cleanup.E007), so a typo never turns a scrape into an error.
+    check cleanup.E007), and so is a setting that is no list (cleanup.E022), so a typo
+    never turns a scrape into an error.
     """
     return parse_networks(_entries(conf.METRICS_ALLOWED_NETWORKS))[0]
 
 
-def _entries(setting) -> tuple[str, ...]:
+def network_list(setting: Any) -> bool:
+    """Whether the setting has a shape METRICS_ALLOWED_NETWORKS may take."""
+    return isinstance(setting, str | list | tuple | set | frozenset)
+
+
+def _entries(setting: Any) -> tuple[str, ...]:
+    if not network_list(setting):
+        return ()
     if isinstance(setting, str):
         setting = setting.split(",")
     return tuple(str(entry).strip() for entry in setting if str(entry).strip())
@@ -97,6 +190,7 @@ def parse_networks(entries: tuple[str, ...]) -> tuple[tuple, tuple[str, ...]]:
 
 
 def invalid_metrics_networks() -> tuple[str, ...]:
+    """The entries of METRICS_ALLOWED_NETWORKS that are not networks."""
     return parse_networks(_entries(conf.METRICS_ALLOWED_NETWORKS))[1]
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import replace
 from datetime import timedelta
 
 import pytest
+from django.core import checks
 from django.db.models import Q
 
 from cleanup.checks import (
@@ -13,8 +16,33 @@ from cleanup.checks import (
     check_metrics_networks,
     check_policies,
     check_queue_settings,
+    check_settings,
+    check_window,
 )
+from cleanup.conf import DEFAULTS, Settings, conf
 from cleanup.policies import get_policy, register
+from tests.conftest import ROOT
+
+# The checks that read CLEANUP_* settings, and the id that refuses each setting's type.
+SETTING_CHECKS = (check_queue_settings, check_settings, check_window, check_metrics_networks,
+                  check_metrics_access)
+CHECKED_BY = {
+    "MAX_UNFINISHED_DELIVERIES": "cleanup.E013",
+    "TRANSIENT_RETRIES": "cleanup.E014",
+    "TRANSIENT_BACKOFF": "cleanup.E015",
+    "LOCK_TIMEOUT_MS": "cleanup.E016",
+    "SCHEDULE_GRACE_SECONDS": "cleanup.E017",
+    "METRICS_ALLOWED_NETWORKS": "cleanup.E022",
+    "METRICS_TOKEN": "cleanup.E021",
+    "HEARTBEAT_STALE_SECONDS": "cleanup.E018",
+    "LEDGER_RETENTION_DAYS": "cleanup.E019",
+    "TASK_RESULT_RETENTION_DAYS": "cleanup.E020",
+    "CHUNK_BUDGET_MS": "cleanup.E006",
+    "MIN_ROWS_PER_CHUNK": "cleanup.E006",
+    "WINDOW": "cleanup.E011",
+    "MAX_ITEMS_PER_CHUNK": "cleanup.E006",
+    "MAX_RANGE_ROWS_PER_CHUNK": "cleanup.E006",
+}
 
 
 def ids(messages) -> list[str]:
@@ -26,6 +54,51 @@ def test_shipped_settings_and_policies_pass_every_check():
     assert check_policies() == []
     assert check_metrics_networks() == []
     assert check_metrics_access() == []
+    assert check_settings() == []
+    assert check_window() == []
+
+
+def test_every_setting_has_a_check_that_refuses_its_type():
+    assert sorted(CHECKED_BY) == sorted(Settings.names())
+    registered = checks.registry.registry.get_checks(include_deployment_checks=True)
+    assert set(SETTING_CHECKS) <= set(registered)
+
+
+@pytest.mark.parametrize("name", Settings.names())
+def test_each_setting_reads_its_own_name_on_every_access(settings, name):
+    delattr(settings, f"CLEANUP_{name}")  # some are set by conftest's autouse fixture
+    assert getattr(conf, name) == DEFAULTS[name]
+    marker = object()
+    setattr(settings, f"CLEANUP_{name}", marker)
+    assert getattr(conf, name) is marker
+
+
+@pytest.mark.parametrize("wrong", [True, b"5"])
+@pytest.mark.parametrize("name", Settings.names())
+def test_a_setting_of_the_wrong_type_is_one_error_naming_it(settings, name, wrong):
+    setattr(settings, f"CLEANUP_{name}", wrong)
+    errors = [e for check in SETTING_CHECKS for e in check() if e.is_serious()]
+    assert [(e.id, e.msg.split(";")[0]) for e in errors] == [
+        (CHECKED_BY[name], f"CLEANUP_{name} is {wrong!r}")]
+
+
+def test_the_readme_lists_every_setting_with_its_default_and_check():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    table = {name: (default, meaning) for name, default, meaning in re.findall(
+        r"^\| `CLEANUP_(\w+)` \| (.*?) \| (.*) \|$", section, re.M)}
+    assert sorted(table) == sorted(Settings.names())
+
+    def shown(value) -> str:
+        return str(value) if isinstance(value, int | float) else f"`{json.dumps(value)}`"
+
+    wrong_defaults = {
+        name: default for name, (default, _) in table.items()
+        if default != shown(DEFAULTS[name]) and not default.startswith(f"{shown(DEFAULTS[name])} (")
+    }
+    assert wrong_defaults == {}
+    assert [name for name, (_, meaning) in table.items()
+            if f"`{CHECKED_BY[name]}`" not in meaning] == []
 
 
 def test_e001_retry_must_exceed_timeout(settings):
@@ -40,7 +113,9 @@ def test_e002_queue_must_share_the_models_alias(settings):
 
 @pytest.mark.parametrize("bad", [
     {"CLEANUP_CHUNK_BUDGET_MS": -1},
+    {"CLEANUP_CHUNK_BUDGET_MS": "40"},
     {"CLEANUP_MIN_ROWS_PER_CHUNK": 0},
+    {"CLEANUP_MAX_RANGE_ROWS_PER_CHUNK": 1e5},
     {"CLEANUP_MIN_ROWS_PER_CHUNK": 3_000, "CLEANUP_MAX_ITEMS_PER_CHUNK": 2_000},
 ])
 def test_e006_chunk_sizing_bounds_must_be_consistent(settings, bad):
@@ -113,3 +188,118 @@ def test_e008_range_policy_needs_an_integer_key(extra_policy):
 def test_e009_a_policy_must_build_its_predicate_now(extra_policy, changes):
     extra_policy(name="broken-deadline", **changes)
     assert ids(check_policies()) == ["cleanup.E009"]
+
+
+def setting_errors(settings, name: str, value) -> list[checks.CheckMessage]:
+    setattr(settings, f"CLEANUP_{name}", value)
+    return check_settings()
+
+
+@pytest.mark.parametrize("value", [0, -1, True, "5", 5.0])
+def test_e013_unfinished_deliveries_limit_must_be_a_whole_number_from_1(settings, value):
+    assert ids(setting_errors(settings, "MAX_UNFINISHED_DELIVERIES", value)) == ["cleanup.E013"]
+
+
+def test_e013_message_names_the_setting_its_value_and_what_to_set(settings):
+    (error,) = setting_errors(settings, "MAX_UNFINISHED_DELIVERIES", 0)
+    assert error.msg == ("CLEANUP_MAX_UNFINISHED_DELIVERIES is 0; it must be a whole number "
+                         "of deliveries, at least 1.")
+    assert error.hint == (
+        "Set how many deliveries of a chunk may start without completing before it is "
+        "dead-lettered; at 0 every chunk would be dead-lettered on its first delivery. "
+        "The default is 5.")
+    assert isinstance(error, checks.Error)
+
+
+@pytest.mark.parametrize("value", [-1, True, False, "3", 2.5, None])
+def test_e014_transient_retries_must_be_a_whole_number_not_a_bool(settings, value):
+    assert ids(setting_errors(settings, "TRANSIENT_RETRIES", value)) == ["cleanup.E014"]
+
+
+def test_e014_zero_transient_retries_is_allowed(settings):
+    assert setting_errors(settings, "TRANSIENT_RETRIES", 0) == []
+
+
+@pytest.mark.parametrize("value", [-0.1, "0.2", True, float("nan"), float("inf")])
+def test_e015_transient_backoff_must_be_a_finite_number_of_seconds(settings, value):
+    assert ids(setting_errors(settings, "TRANSIENT_BACKOFF", value)) == ["cleanup.E015"]
+
+
+@pytest.mark.parametrize("value", [0, 1])
+def test_e015_backoff_may_be_zero_or_an_int(settings, value):
+    assert setting_errors(settings, "TRANSIENT_BACKOFF", value) == []
+
+
+@pytest.mark.parametrize("value", ["abc", "5000", 0, -5, 2_147_483_648, 5000.0, True])
+def test_e016_lock_timeout_must_be_whole_milliseconds_postgresql_accepts(settings, value):
+    assert ids(setting_errors(settings, "LOCK_TIMEOUT_MS", value)) == ["cleanup.E016"]
+
+
+def test_e016_message_shows_the_mistaken_value(settings):
+    (error,) = setting_errors(settings, "LOCK_TIMEOUT_MS", "abc")
+    assert error.msg == ("CLEANUP_LOCK_TIMEOUT_MS is 'abc'; it must be a whole number of "
+                         "milliseconds from 1 to 2147483647.")
+
+
+@pytest.mark.parametrize("value", [30, 0, "120", None])
+def test_e017_schedule_grace_must_exceed_the_scheduler_pass(settings, value):
+    assert ids(setting_errors(settings, "SCHEDULE_GRACE_SECONDS", value)) == ["cleanup.E017"]
+
+
+def test_e017_a_grace_just_above_the_scheduler_pass_is_allowed(settings):
+    assert setting_errors(settings, "SCHEDULE_GRACE_SECONDS", 30.5) == []
+
+
+@pytest.mark.parametrize("value", [90, 60, "180", True])
+def test_e018_heartbeat_staleness_must_exceed_a_minute_and_a_late_pass(settings, value):
+    assert ids(setting_errors(settings, "HEARTBEAT_STALE_SECONDS", value)) == ["cleanup.E018"]
+
+
+@pytest.mark.parametrize("value", [0, 36_501, "30", 1.5, True])
+def test_e019_ledger_retention_must_be_whole_days_within_a_century(settings, value):
+    assert ids(setting_errors(settings, "LEDGER_RETENTION_DAYS", value)) == ["cleanup.E019"]
+
+
+@pytest.mark.parametrize("value", [0, 36_501, "7", None])
+def test_e020_task_result_retention_must_be_whole_days_within_a_century(settings, value):
+    assert ids(setting_errors(settings, "TASK_RESULT_RETENTION_DAYS", value)) == ["cleanup.E020"]
+
+
+@pytest.mark.parametrize("value", [None, 123, " secret", "secret\n"])
+def test_e021_metrics_token_must_be_a_string_a_header_can_match(settings, value):
+    assert ids(setting_errors(settings, "METRICS_TOKEN", value)) == ["cleanup.E021"]
+
+
+@pytest.mark.parametrize("value", [None, 10, {"10.0.0.0/8": True}])
+def test_e022_metrics_networks_must_be_a_list_or_a_string(settings, value):
+    assert ids(setting_errors(settings, "METRICS_ALLOWED_NETWORKS", value)) == ["cleanup.E022"]
+    assert check_metrics_networks() == []
+
+
+def test_e022_a_networks_setting_of_the_wrong_shape_never_fails_a_scrape(db, client, settings):
+    settings.CLEANUP_METRICS_ALLOWED_NETWORKS = None
+    settings.CLEANUP_METRICS_TOKEN = "secret"
+    assert client.get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 403
+    assert client.get("/metrics", REMOTE_ADDR="127.0.0.1",
+                      HTTP_AUTHORIZATION="Bearer secret").status_code == 200
+
+
+def test_w003_retries_should_end_before_the_task_timeout(settings):
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "timeout": 15, "retry": 60}
+    settings.CLEANUP_LOCK_TIMEOUT_MS = 2_000
+    settings.CLEANUP_TRANSIENT_BACKOFF = 0.5
+    assert check_settings() == []  # 4 waits of 2 s + 1.5 * 0.5 * (1 + 2 + 4) s = 13.25 s
+    (error,) = setting_errors(settings, "TRANSIENT_BACKOFF", 1)  # 8 + 10.5 s
+    assert (error.id, error.level) == ("cleanup.W003", checks.WARNING)
+    assert error.msg == (
+        "One delivery of a chunk can spend 18.5 s waiting for locks and backing off "
+        "(CLEANUP_TRANSIENT_RETRIES=3, CLEANUP_TRANSIENT_BACKOFF=1, "
+        "CLEANUP_LOCK_TIMEOUT_MS=2000), not less than the Q_CLUSTER timeout (15 s).")
+
+
+def test_w003_many_retries_outlast_any_timeout(settings):
+    settings.CLEANUP_TRANSIENT_BACKOFF = 0
+    assert check_settings() == []
+    (error,) = setting_errors(settings, "TRANSIENT_RETRIES", 1_000)
+    assert (error.id, error.level) == ("cleanup.W003", checks.WARNING)
+    assert error.msg.startswith("One delivery of a chunk can spend unbounded time")
