@@ -10,8 +10,7 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import Count, F, Q, Sum, TextField
-from django.db.models.functions import Cast
+from django.db.models import Count, F, Max, Q, Sum
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -90,8 +89,8 @@ def runs_by_short_id(text: str) -> list:
         return []
     if not isinstance(parsed, str):
         return list(Run.objects.filter(pk=parsed).values_list("pk", flat=True))
-    return list(Run.objects.annotate(id_text=Cast("id", TextField()))
-                .filter(id_text__startswith=parsed).order_by().values_list("pk", flat=True)[:20])
+    return list(Run.objects.filter(pk__range=display.id_range(parsed)).order_by()
+                .values_list("pk", flat=True)[:20])
 
 
 def chunk_table(request, run: Run) -> dict:
@@ -210,11 +209,42 @@ class LedgerAdmin(admin.ModelAdmin):
             "form": form,
             "opts": self.model._meta,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "selected": [str(pk) for pk in queryset.order_by().values_list("pk", flat=True)],
             "next": self._next_url(request) or "",
             "back": self._next_url(request) or request.get_full_path(),
         }
+        if self._across(request):
+            # Every row of the filtered list: carried as the filter itself (thousands of
+            # ids would pass Django's limit on form fields), with what it held when shown.
+            context.update(select_across=True, expected=self._fingerprint(queryset),
+                           selected=[str(queryset.order_by("pk").values_list(
+                               "pk", flat=True).first())])
+        else:
+            context["selected"] = [str(pk) for pk in
+                                   queryset.order_by().values_list("pk", flat=True)]
         return TemplateResponse(request, "admin/cleanup/confirm_action.html", context)
+
+    def confirmed(self, request, queryset) -> bool:
+        """The operator said yes on the confirmation page, to exactly what it showed."""
+        if request.POST.get("post") != "yes":
+            return False
+        if self._across(request) and request.POST.get("expected") != self._fingerprint(
+                queryset):
+            self.message_user(request, "The rows the list holds changed since the "
+                              "confirmation was shown: check them and confirm again.",
+                              messages.WARNING)
+            return False
+        return True
+
+    @staticmethod
+    def _across(request) -> bool:
+        return request.POST.get("select_across") == "1"
+
+    @staticmethod
+    def _fingerprint(queryset) -> str:
+        """How many rows, and the highest pk: enough to tell a list that gained or lost
+        rows since it was shown."""
+        figures = queryset.order_by().aggregate(rows=Count("pk"), last=Max("pk"))
+        return f"{figures['rows']}:{figures['last']}"
 
     def _next_url(self, request) -> str | None:
         """The page the operator acted from (a chunk page, the dead-letter groups), if the
@@ -361,7 +391,7 @@ class RunAdmin(LedgerAdmin):
 
     @admin.action(description="Cancel selected runs", permissions=["cancel"])
     def cancel_runs(self, request, queryset):
-        if request.POST.get("post") != "yes":
+        if not self.confirmed(request, queryset):
             return self.confirmation(
                 request, queryset, "cancel_runs", "Cancel runs",
                 "Their unfinished chunks will be cancelled and later deliveries of them "
@@ -645,7 +675,7 @@ class ChunkAdmin(LedgerAdmin):
     @admin.action(description="Replay selected chunks (committed ones become no-ops)",
                   permissions=["replay"])
     def replay_chunks(self, request, queryset):
-        if request.POST.get("post") != "yes":
+        if not self.confirmed(request, queryset):
             return self.confirmation(
                 request, queryset, "replay_chunks", "Replay chunks",
                 "Each selected chunk is sent again with its run's own cutoff. Committed "
@@ -671,7 +701,7 @@ class ChunkAdmin(LedgerAdmin):
 
     @admin.action(description="Requeue selected dead-lettered chunks", permissions=["requeue"])
     def requeue_chunks(self, request, queryset):
-        if request.POST.get("post") != "yes":
+        if not self.confirmed(request, queryset):
             return self.confirmation(
                 request, queryset, "requeue_chunks", "Requeue chunks",
                 "Each dead-lettered chunk goes back to the queue with its run's own cutoff, "
@@ -688,7 +718,7 @@ class ChunkAdmin(LedgerAdmin):
     @admin.action(description="Discard selected dead-lettered chunks", permissions=["discard"])
     def discard_chunks(self, request, queryset):
         form = DiscardForm(request.POST if "reason" in request.POST else None)
-        if request.POST.get("post") != "yes" or not form.is_valid():
+        if not self.confirmed(request, queryset) or not form.is_valid():
             return self.confirmation(
                 request, queryset, "discard_chunks", "Discard chunks",
                 "Only dead-lettered chunks are discarded; no delivery will retry them.",

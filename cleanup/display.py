@@ -89,3 +89,8 @@ def parse_id(text: str) -> uuid.UUID | str | None:
     if len(text) == SHORT_ID_LENGTH and all(c in "0123456789abcdef" for c in text):
         return text
     return None
+
+
+def id_range(short: str) -> tuple[uuid.UUID, uuid.UUID]:
+    """The ids that start with a short id: one range of the primary key (its index)."""
+    return uuid.UUID(short + "0" * 24), uuid.UUID(short + "f" * 24)

@@ -9,7 +9,7 @@ from django.db.models import Count, Sum
 from django.utils import timezone
 
 from cleanup import planning
-from cleanup.display import SHORT_ID_LENGTH, parse_id
+from cleanup.display import SHORT_ID_LENGTH, id_range, parse_id
 from cleanup.exceptions import CleanupError, UnknownPolicy, UnknownRun
 from cleanup.models import Chunk, Run
 from cleanup.overview import overview
@@ -35,9 +35,8 @@ def get_run(run_id) -> Run:
         except Run.DoesNotExist:
             raise UnknownRun(text) from None
     # The ids that start with these 8 hex digits form one range of the primary key.
-    matches = list(Run.objects.filter(
-        pk__gte=uuid.UUID(parsed + "0" * 24), pk__lte=uuid.UUID(parsed + "f" * 24),
-    ).order_by("-created_at")[:SHOWN_CANDIDATES + 1])
+    matches = list(Run.objects.filter(pk__range=id_range(parsed))
+                   .order_by("-created_at")[:SHOWN_CANDIDATES + 1])
     if not matches:
         raise UnknownRun(text)
     if len(matches) > 1:

@@ -24,6 +24,7 @@ class DeadLetterGroup:
     last_at: datetime | None
     verdict: str  # a poison group's verdict, as one of its chunks has it
     example_pk: int  # one chunk of the group: the admin's action needs one selected
+    policy: str | None = None  # the policy the groups were counted for, if only one
 
     @property
     def failure_label(self) -> str:
@@ -33,8 +34,11 @@ class DeadLetterGroup:
     @property
     def chunks_url(self) -> str:
         """The chunk list filtered to exactly this group."""
-        query = urlencode({"state": Chunk.State.DEAD_LETTERED,
-                           "failure_class": self.failure_class, "cause": self.cause})
+        query = {"state": Chunk.State.DEAD_LETTERED, "failure_class": self.failure_class,
+                 "cause": self.cause}
+        if self.policy:
+            query["run__policy"] = self.policy
+        query = urlencode(query)
         return f"{reverse('admin:cleanup_chunk_changelist')}?{query}"
 
     @property
@@ -67,4 +71,4 @@ def dead_letter_groups(policy: str | None = None) -> list[DeadLetterGroup]:
                   verdict=Max("verdict"), example_pk=Min("pk"))
         .order_by("-count", "failure_class", "cause")
     )
-    return [DeadLetterGroup(**row) for row in rows]
+    return [DeadLetterGroup(**row, policy=policy) for row in rows]

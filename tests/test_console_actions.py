@@ -241,9 +241,7 @@ def test_requeue_a_whole_group_confirms_then_requeues_only_that_group(
 
     confirmation = admin_client.post(url, data)
     assert confirmation.context["count"] == 3 and OrmQ.objects.count() == 0
-    done = admin_client.post(url, {"action": "requeue_chunks", "post": "yes",
-                                   "next": triage_url,
-                                   "_selected_action": confirmation.context["selected"]})
+    done = admin_client.post(url, {**yes_on(confirmation), "next": triage_url})
 
     assert done.status_code == 302 and done["Location"] == triage_url
     assert OrmQ.objects.count() == 3
@@ -268,3 +266,72 @@ def test_an_action_from_a_chunk_page_returns_to_that_page(admin_client, two_runs
     # A next that leaves the site is ignored: back to the list acted on.
     elsewhere = admin_client.post(CHUNKS, {**data, "post": "yes", "next": "https://x.test/"})
     assert elsewhere["Location"] == CHUNKS
+
+
+def test_a_group_counted_for_one_policy_acts_on_that_policy_only(
+        admin_client, dead_letters_of_two_causes):
+    first, _ = dead_letters_of_two_causes
+    cause = "OperationalError: canceling statement due to lock timeout"
+    other = dispatch("mark-reminders-ready", key="other-policy").run
+    Chunk.objects.create(run=other, chunk_id=1, message={}, state=Chunk.State.DEAD_LETTERED,
+                         failure_class=Chunk.FailureClass.POISON, cause=cause)
+    page = admin_client.get(reverse("admin:cleanup_chunk_dead_letters"),
+                            {"policy": "expire-holds"})
+    group = page.context["groups"][0]
+    assert (group.cause, group.count) == (cause, 3)
+
+    confirmation = admin_client.post(group.chunks_url, {
+        "action": "requeue_chunks", "select_across": "1", "index": "0",
+        "_selected_action": str(group.example_pk)})
+
+    assert confirmation.context["count"] == 3
+    assert {c.run_id for c in confirmation.context["objects"]} == {first.pk}
+
+
+def yes_on(confirmation) -> dict:
+    """The form "Yes, I'm sure" posts, as the confirmation page rendered it."""
+    fields = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)">',
+                             confirmation.content.decode()))
+    fields.pop("csrfmiddlewaretoken", None)
+    return fields
+
+
+def test_a_group_of_thousands_is_requeued_through_a_small_confirmation(admin_client,
+                                                                       two_runs):
+    first, _ = two_runs
+    cause = "OperationalError: canceling statement due to lock timeout"
+    Chunk.objects.bulk_create(
+        Chunk(run=first, chunk_id=100 + n, message=first.chunks.get(chunk_id=1).message,
+              state=Chunk.State.DEAD_LETTERED, failure_class=Chunk.FailureClass.POISON,
+              cause=cause) for n in range(1500))
+    group = admin_client.get(reverse("admin:cleanup_chunk_dead_letters")).context["groups"][0]
+    data = {"action": "requeue_chunks", "select_across": "1", "index": "0",
+            "_selected_action": str(group.example_pk)}
+
+    confirmation = admin_client.post(group.chunks_url, data)
+    assert confirmation.context["count"] == group.count == 1500
+    form = yes_on(confirmation)
+    assert len(form) < 10  # the filter itself, not 1,500 ids past Django's field limit
+    done = admin_client.post(group.chunks_url, form, follow=True)
+
+    assert messages_of(done) == ["1500 chunks requeued."]
+    assert first.chunks.filter(cause=cause, state=Chunk.State.ENQUEUED).count() == 1500
+
+
+def test_a_group_that_changed_after_its_confirmation_is_asked_again(admin_client,
+                                                                    dead_letters_of_two_causes):
+    first, second = dead_letters_of_two_causes
+    group = admin_client.get(reverse("admin:cleanup_chunk_dead_letters")).context["groups"][0]
+    confirmation = admin_client.post(group.chunks_url, {
+        "action": "requeue_chunks", "select_across": "1", "index": "0",
+        "_selected_action": str(group.example_pk)})
+    # Another chunk dies of the same cause meanwhile.
+    second.chunks.filter(chunk_id=9).update(state=Chunk.State.DEAD_LETTERED,
+                                            failure_class="poison", cause=group.cause)
+
+    again = admin_client.post(group.chunks_url, yes_on(confirmation))
+
+    assert again.context["count"] == 4
+    assert "changed since the confirmation was shown" in " ".join(messages_of(again))
+    assert OrmQ.objects.count() == 0
+    assert Chunk.objects.filter(state=Chunk.State.DEAD_LETTERED).count() == 6
