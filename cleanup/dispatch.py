@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 import structlog
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.models import Count, Q, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -170,6 +170,10 @@ def _start(policy: Policy, run_id, key, cutoff, frozen, scheme, trigger, replay_
         return _result(run, created=True, first=True)
 
 
+# How long counting the rows eligible at dispatch may take before it is given up.
+ELIGIBLE_COUNT_TIMEOUT_MS = 10_000
+
+
 def _count_eligible(policy: Policy, frozen: dict[str, datetime], run: Run) -> int | None:
     """Count the rows eligible at dispatch, once the first window is on its way (so the
     count, a scan of the backlog, never delays the first chunk nor holds the planning
@@ -185,7 +189,10 @@ def _count_eligible(policy: Policy, frozen: dict[str, datetime], run: Run) -> in
     changed = Chunk.objects.filter(run_id=run.pk).order_by().values("run_id").annotate(
         n=Sum(ROWS_CHANGED)).values("n")
     try:
-        with transaction.atomic(using=eligible.db):
+        with transaction.atomic(using=eligible.db), connections[eligible.db].cursor() as cursor:
+            # A figure for the operator: never worth a minute-long scan of a huge backlog.
+            cursor.execute("SELECT set_config('statement_timeout', %s, true)",
+                           [f"{ELIGIBLE_COUNT_TIMEOUT_MS}ms"])
             rows = Run.objects.using(eligible.db).filter(pk=run.pk).annotate(
                 rows=Coalesce(Subquery(eligible), 0) + Coalesce(Subquery(changed), 0),
             ).values_list("rows", flat=True).get()
@@ -195,10 +202,9 @@ def _count_eligible(policy: Policy, frozen: dict[str, datetime], run: Run) -> in
         log.warning("counting the rows eligible failed", run_id=str(run.pk),
                     policy=policy.name, error=str(exc).strip())
         return None
-    # Recorded once, like the run's other facts at dispatch: not a state or a counter.
-    Run.objects.filter(pk=run.pk).update(eligible_at_dispatch=rows)
-    run.eligible_at_dispatch = rows
-    return rows
+    if transitions.record_eligible(run.pk, rows):
+        run.eligible_at_dispatch = rows
+    return run.eligible_at_dispatch
 
 
 def _result(run: Run, *, created: bool, coalesced: bool = False, first: bool = False,

@@ -29,6 +29,10 @@ _HELD = """
 """
 _MINE = f"{_HELD} AND pid = pg_backend_pid() AND classid::bigint = %s AND objid::bigint = %s"
 
+# The runs whose lease this process took on its connection (Django's, one per thread:
+# --sync applies in the main thread).
+_leased: set[str] = set()
+
 
 def key(run_id) -> int:
     """The run's advisory lock key: 64 bits of its random id."""
@@ -46,12 +50,16 @@ def acquire(run_id) -> bool:
         return True  # not twice: one release must give it up
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(%s)", [key(run_id)])
-        return cursor.fetchone()[0]
+        taken = cursor.fetchone()[0]
+    if taken:
+        _leased.add(str(run_id))
+    return taken
 
 
 def release(run_id) -> None:
     """Give the run's lease up, if this session still holds it (a connection that
     was closed and reopened meanwhile has lost it already)."""
+    _leased.discard(str(run_id))
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT pg_advisory_unlock(%s) WHERE EXISTS ({_MINE})",
                        [key(run_id), *_halves(run_id)])
@@ -69,6 +77,21 @@ def holding(run_id) -> Iterator[None]:
             release(run_id)
         except Exception as exc:  # noqa: BLE001 - a lost connection has released it
             log.warning("releasing a run's lease failed", run_id=str(run_id), error=str(exc))
+
+
+def absent_in_transaction(run_id) -> bool:
+    """Whether no other session holds the run's lease, proven for the rest of the
+    caller's transaction: a transaction-level lock on the same key, which also keeps
+    the owner from taking its lease back until this transaction ends (then it finds
+    the run taken over). Reading pg_locks alone would leave that gap open."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [key(run_id)])
+        return cursor.fetchone()[0]
+
+
+def leased_here() -> bool:
+    """Whether this process holds the lease of a run it applies on this connection."""
+    return bool(_leased)
 
 
 def held_here(run_id) -> bool:

@@ -239,9 +239,17 @@ def hand_over(run_id) -> bool:
                 .update(in_process=False))
 
 
+def record_eligible(run_id, rows: int) -> bool:
+    """The rows eligible at dispatch, recorded once (a fact of the dispatch, like its
+    cutoff); False if it had been recorded already."""
+    return bool(Run.objects.filter(pk=run_id, eligible_at_dispatch__isnull=True)
+                .update(eligible_at_dispatch=rows))
+
+
 def claim_in_process(run_id) -> bool:
     """queued → in process: a ``--sync`` dispatch of the run's key applies what is left
-    of it here; False if the run has finished."""
+    of it here; False if the run has finished. Chunks of it still in the queue are
+    applied here too: their queued deliveries then find nothing left, and are no-ops."""
     return bool(Run.objects.filter(pk=run_id, state=Run.State.RUNNING)
                 .update(in_process=True))
 

@@ -134,7 +134,8 @@ def _take_over(policy_name: str, in_process: list) -> list:
             continue
         try:
             with transaction.atomic():
-                if _to_queue(run_id):
+                # Proven again under a lock the owner cannot take back meanwhile.
+                if process_lock.absent_in_transaction(run_id) and _to_queue(run_id):
                     taken.append(run_id)
         except Exception as exc:  # noqa: BLE001 - the next noticer tries again
             log.error("taking over an abandoned in-process run failed", policy=policy_name,

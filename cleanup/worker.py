@@ -15,7 +15,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from cleanup import faults, ledger, messages, transitions
+from cleanup import faults, ledger, messages, process_lock, transitions
 from cleanup.conf import conf
 from cleanup.exceptions import MalformedMessage, UnknownPolicy
 from cleanup.expressions import PairsIn
@@ -284,8 +284,15 @@ def _set_lock_timeout() -> None:
 
 def _reset_broken_connection() -> None:
     """Drop a connection the error left unusable, so the next attempt reconnects."""
-    if not connection.in_atomic_block:
-        connection.close_if_unusable_or_obsolete()
+    if connection.in_atomic_block:
+        return
+    if process_lock.leased_here():
+        # It holds a --sync run's lease: closed only if broken (the lease is gone with
+        # it then), never for its age, which would give the run up to the workers.
+        if connection.connection is not None and not connection.is_usable():
+            connection.close()
+        return
+    connection.close_if_unusable_or_obsolete()
 
 
 def _describe(exc: BaseException) -> str:
