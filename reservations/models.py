@@ -178,6 +178,12 @@ class ReminderAttempt(models.Model):
             # The backlog's age (the oldest stale attempt) without a full scan.
             models.Index(fields=["sent_at"], name="reminder_sent_at"),
         ]
+        constraints = [
+            # One record per message: a claim taken over after its lease ran out may
+            # send the same Message-ID again, and that is still one reminder sent.
+            models.UniqueConstraint(fields=["message_id"], condition=~models.Q(message_id=""),
+                                    name="reminder_attempt_one_per_message"),
+        ]
 
     def __str__(self) -> str:
         return f"reminder {self.pk} about hold {self.hold_id}"

@@ -272,9 +272,10 @@ def _send(claim: Claim, mail, report: SendReport) -> None:
     # that could not have held the mail back.
     sent_at = claim.claimed_at
     with transaction.atomic():
-        ReminderAttempt.objects.create(tenant_id=claim.tenant_id, hold_id=claim.hold_id,
-                                       learner_ref=claim.learner_ref, channel="email",
-                                       sent_at=sent_at, message_id=key)
+        ReminderAttempt.objects.get_or_create(
+            message_id=key, defaults={"tenant_id": claim.tenant_id, "hold_id": claim.hold_id,
+                                      "learner_ref": claim.learner_ref, "channel": "email",
+                                      "sent_at": sent_at})
         recorded = _settle(claim, state=Reminder.State.SENT, sent_at=sent_at)
     if not recorded:
         log.info("reminder moved on while its mail was sent", reminder=claim.pk)
@@ -332,4 +333,5 @@ def _hang_up(mail) -> None:
 
 
 def _set(reminder: Reminder, **fields) -> None:
-    Reminder.objects.filter(pk=reminder.pk).update(**fields)
+    """Move a reminder this run holds locked on, from the state it was read in."""
+    Reminder.objects.filter(pk=reminder.pk, state=reminder.state).update(**fields)

@@ -68,6 +68,23 @@ class TakenOverDuringSendBackend(LocmemBackend):
         raise SMTPRecipientsRefused({messages[0].to[0]: (550, b"5.1.1 no such user")})
 
 
+class OutlastsItsLeaseBackend(LocmemBackend):
+    """A send that outlasts its claim's lease: a later run takes the claim over and
+    mails the reminder too, then this send goes through as well."""
+
+    nested = False
+
+    def send_messages(self, messages):
+        if not OutlastsItsLeaseBackend.nested:
+            OutlastsItsLeaseBackend.nested = True
+            try:
+                Reminder.objects.update(claimed_at=F("claimed_at") - past_the_lease())
+                assert send_ready_reminders() == {"sent": 1}
+            finally:
+                OutlastsItsLeaseBackend.nested = False
+        return super().send_messages(messages)
+
+
 class TransactionSpyBackend(LocmemBackend):
     in_transaction: list[bool] = []
 
@@ -191,3 +208,16 @@ def test_a_late_outcome_from_a_claim_taken_over_changes_nothing(section, setting
     # The last error is the takeover's, not the late refusal.
     assert (after.state, after.failure, after.last_error) == (SENT, "", UNFINISHED)
     assert sent_ids() == [message_id(reminder)]
+
+
+def test_a_message_mailed_twice_after_its_lease_ran_out_is_recorded_once(section, settings):
+    settings.EMAIL_BACKEND = f"{__name__}.OutlastsItsLeaseBackend"
+    reminder = made_ready(due_hold(section))
+
+    assert send_ready_reminders() == {"sent": 1}
+
+    # Both sends carried the one Message-ID (a mail system keeps one of them); the
+    # record holds one attempt for it.
+    assert [m.extra_headers["Message-ID"] for m in mail.outbox] == [message_id(reminder)] * 2
+    assert list(ReminderAttempt.objects.values_list("message_id", flat=True)) == [
+        message_id(reminder)]
