@@ -34,6 +34,23 @@ def expired_holds(section):
     return SeatHoldFactory.create_batch(5, section=section, expired=True)
 
 
+@pytest.fixture
+def dead_letter(expired_holds) -> Chunk:
+    """A chunk dead-lettered for its message's unknown version, as the worker leaves it,
+    with the queue emptied."""
+    from django_q.models import OrmQ
+
+    from cleanup.dispatch import dispatch
+    from cleanup.worker import apply_chunk
+
+    chunk = dispatch("expire-holds").run.chunks.get()
+    apply_chunk({**chunk.message, "version": 99})
+    OrmQ.objects.all().delete()
+    chunk = Chunk.objects.get(pk=chunk.pk)
+    assert chunk.state == Chunk.State.DEAD_LETTERED
+    return chunk
+
+
 def chunks_of(run: Run) -> list[Chunk]:
     return list(run.chunks.order_by("chunk_id"))
 

@@ -43,16 +43,6 @@ def support(client):
     return client
 
 
-@pytest.fixture
-def dead_letter(expired_holds) -> Chunk:
-    chunk = dispatch("expire-holds").run.chunks.get()
-    apply_chunk({**chunk.message, "version": 99})
-    chunk.refresh_from_db()
-    assert chunk.state == Chunk.State.DEAD_LETTERED
-    OrmQ.objects.all().delete()
-    return chunk
-
-
 def action(client, url, name, pks, **extra):
     return client.post(url, {"action": name, "_selected_action": [str(p) for p in pks],
                              **extra}, follow=True)

@@ -38,14 +38,6 @@ def run_json(*args) -> dict:
     return json.loads(out.getvalue())
 
 
-@pytest.fixture
-def dead_letter(expired_holds) -> Chunk:
-    chunk = dispatch("expire-holds").run.chunks.get()
-    apply_chunk({**chunk.message, "version": 99})
-    OrmQ.objects.all().delete()
-    return Chunk.objects.get(pk=chunk.pk)
-
-
 @pytest.mark.parametrize("args, error", [
     (["cleanup_runs", "--limit", "abc"],
      "argument --limit: expected a whole number from 1 to 10,000, not 'abc'"),

@@ -12,18 +12,9 @@ from django_q.models import OrmQ
 
 from cleanup.dispatch import dispatch
 from cleanup.models import Chunk, Run
-from cleanup.worker import apply_chunk
 from tests.factories import SeatHoldFactory
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def dead_letter(expired_holds) -> Chunk:
-    chunk = dispatch("expire-holds").run.chunks.get()
-    apply_chunk({**chunk.message, "version": 99})
-    OrmQ.objects.all().delete()
-    return Chunk.objects.get(pk=chunk.pk)
 
 
 def run_json(*args) -> dict:
