@@ -1,48 +1,77 @@
-"""Worker heartbeats and the health report behind GET /health."""
+"""Worker heartbeats and the health report behind GET /health.
+
+Every instant here is the database's: the heartbeat task stamps the database's now(),
+and ages are taken by the database against its own now(), so no host's clock (the
+worker's, or the web server's) can make a stopped cluster look alive. A beat stamped
+in the future (by an older worker, or by hand) proves nothing and counts as stale.
+"""
 
 from __future__ import annotations
 
 import os
 import socket
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
-from django.db import DatabaseError, connection
-from django.utils import timezone
+from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db.models import DurationField, ExpressionWrapper, F
+from django.db.models.functions import Now
 from django_q.conf import Conf
 
 from cleanup.conf import conf
 from cleanup.models import Run, WorkerHeartbeat
 from cleanup.policies import all_policies
 
+# now() is the start of the reading transaction, which may begin a moment before a
+# beat commits: a beat this far ahead is still a beat.
+FUTURE_TOLERANCE = timedelta(seconds=5)
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    host: str
+    cluster: str
+    pid: int
+    beat_at: datetime
+    age: timedelta  # the database's now() minus the beat; negative when from the future
+
+    @property
+    def from_the_future(self) -> bool:
+        return self.age < -FUTURE_TOLERANCE
+
+    def taking_work(self, stale_after: timedelta) -> bool:
+        return not self.from_the_future and self.age <= stale_after
+
 
 def beat() -> WorkerHeartbeat:
-    """Record that a worker of this cluster, on this host, just ran a task."""
-    heartbeat, _ = WorkerHeartbeat.objects.update_or_create(
-        host=socket.gethostname(),
-        cluster=Conf.CLUSTER_NAME,
-        defaults={"pid": os.getpid(), "beat_at": timezone.now()},
-    )
-    return heartbeat
+    """Record, at the database's now(), that a worker of this cluster just ran a task."""
+    host, cluster, pid = socket.gethostname(), Conf.CLUSTER_NAME, os.getpid()
+    beats = WorkerHeartbeat.objects.filter(host=host, cluster=cluster)
+    if not beats.update(pid=pid, beat_at=Now()):
+        try:
+            with transaction.atomic():
+                WorkerHeartbeat.objects.create(host=host, cluster=cluster, pid=pid,
+                                               beat_at=Now())
+        except IntegrityError:  # another worker of the cluster beat first
+            beats.update(pid=pid, beat_at=Now())
+    return beats.get()
+
+
+def heartbeats() -> list[Heartbeat]:
+    """Every cluster's last beat with its age, both by the database's clock."""
+    rows = WorkerHeartbeat.objects.annotate(
+        age=ExpressionWrapper(Now() - F("beat_at"), output_field=DurationField())
+    ).order_by("host", "cluster")
+    return [Heartbeat(row.host, row.cluster, row.pid, row.beat_at, row.age) for row in rows]
 
 
 def report() -> tuple[bool, dict]:
     """Return (healthy, details): the database answers and some cluster takes work."""
-    now = timezone.now()
     stale_after = timedelta(seconds=conf.HEARTBEAT_STALE_SECONDS)
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
-        clusters = [
-            {
-                "host": h.host,
-                "cluster": h.cluster,
-                "pid": h.pid,
-                "last_beat": h.beat_at.isoformat(),
-                "age_seconds": round((now - h.beat_at).total_seconds(), 1),
-                "taking_work": now - h.beat_at <= stale_after,
-            }
-            for h in WorkerHeartbeat.objects.order_by("host", "cluster")
-        ]
+        beats = heartbeats()
         policies = {
             p.name: _finished_at(
                 Run.objects.filter(policy=p.name, state=Run.State.COMPLETED)
@@ -52,6 +81,19 @@ def report() -> tuple[bool, dict]:
         }
     except DatabaseError as exc:
         return False, {"database": False, "error": str(exc).strip()}
+    clusters = [
+        {
+            "host": b.host,
+            "cluster": b.cluster,
+            "pid": b.pid,
+            "last_beat": b.beat_at.isoformat(),
+            "age_seconds": round(b.age.total_seconds(), 1),
+            "taking_work": b.taking_work(stale_after),
+            **({"problem": "heartbeat stamped ahead of the database's clock"}
+               if b.from_the_future else {}),
+        }
+        for b in beats
+    ]
     taking_work = any(c["taking_work"] for c in clusters)
     details = {
         "database": True,

@@ -4,23 +4,37 @@ Workers run in other processes and on other hosts than the web process that serv
 /metrics, so nothing here is counted in memory: every counter is a sum over the
 run and chunk rows (which only ever add), and every gauge a query of the current
 state. Any web process on any host therefore serves the same, right figures.
+
+A scrape reads each ledger table once (the counters and the chunk states in one pass),
+the unfinished chunks through the state index, and each policy's backlog through its
+own index, counted up to a cap (cleanup.backlog): 0.3 s at most while a run deletes
+a million rows (README, Metrics).
 """
 
 from __future__ import annotations
 
-from django.db.models import Count
+import math
+from datetime import datetime, timedelta
+
+from croniter import croniter
+from django.db.models import Count, Min, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce, Substr
 from django.utils import timezone
+from django_q.models import Schedule
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
 )
 
-from cleanup.conf import conf
-from cleanup.counters import DURATION_BUCKETS_MS, ROWS_BUCKETS, all_sums
-from cleanup.models import Chunk, OrphanMessage, Run, WorkerHeartbeat
-from cleanup.overview import backlog_age_limit, policy_overview
-from cleanup.policies import all_policies
+from cleanup import health, triggers
+from cleanup.backlog import COUNT_CAP, Budget, backlogs
+from cleanup.conf import conf, lease
+from cleanup.counters import DURATION_BUCKETS_MS, ROWS_BUCKETS, ledger_figures
+from cleanup.models import Chunk, OrphanMessage, Run, ScheduleInstall, Slot
+from cleanup.overview import ScheduleStatus, backlog_age_limit
+from cleanup.policies import Policy, all_policies
+from cleanup.schedules import NAME_PREFIX
 
 UNKNOWN_POLICY = "unknown"
 
@@ -58,12 +72,13 @@ class LedgerCollector:
     def collect(self):
         now = timezone.now()
         policies = [p.name for p in all_policies()]
-        sums = all_sums()
-        yield from self._counters(policies, sums)
-        yield from self._histograms(policies, sums)
-        yield from self._state_gauges(policies)
-        yield from self._health_gauges(now)
-        yield self._heartbeats(now)
+        figures = ledger_figures()
+        yield from self._counters(policies, figures.sums)
+        yield from self._histograms(policies, figures.sums)
+        yield self._state_gauges(policies, figures.states)
+        yield self._running(policies, figures.running)
+        yield from self._health_gauges(now, figures.last_success)
+        yield self._heartbeats()
 
     def _counters(self, policies, sums):
         for name, help_text, key in COUNTERS:
@@ -112,28 +127,38 @@ class LedgerCollector:
         yield duration
         yield rows
 
-    def _state_gauges(self, policies):
+    def _state_gauges(self, policies, states):
         family = GaugeMetricFamily("cleanup_chunks", "Chunks by current state.",
                                    labels=["policy", "state"])
-        counts = {
-            (policy, state): n
-            for policy, state, n in Chunk.objects.values_list("run__policy", "state")
-            .annotate(n=Count("pk")).order_by()
-        }
         for policy in policies:
             for state in Chunk.State.values:
-                family.add_metric([policy, state], counts.get((policy, state), 0))
-        yield family
+                family.add_metric([policy, state], states.get(policy, {}).get(state, 0))
+        return family
 
-    def _health_gauges(self, now):
+    def _running(self, policies, running):
+        family = GaugeMetricFamily("cleanup_runs_running",
+                                   "Runs started and not finished yet (running).",
+                                   labels=["policy"])
+        for policy in policies:
+            family.add_metric([policy], running.get(policy, 0))
+        return family
+
+    def _health_gauges(self, now, last_success):
         gauges = {
             "eligible": GaugeMetricFamily(
                 "cleanup_eligible_rows",
-                "Rows eligible now: the backlog. A PostgreSQL planner estimate, not a count.",
+                f"Rows eligible now: the backlog, counted exactly up to {COUNT_CAP} (at the "
+                "cap: at least that many).",
                 labels=["policy"]),
             "oldest": GaugeMetricFamily(
                 "cleanup_oldest_eligible_age_seconds",
                 "How long the oldest row eligible now has been eligible (0 when none).",
+                labels=["policy"]),
+            "exact": GaugeMetricFamily(
+                "cleanup_backlog_exact",
+                "1 when the eligible rows and oldest age are exact; 0 when reading them "
+                "took longer than the budget and they are lower bounds (from the chunks "
+                "in flight).",
                 labels=["policy"]),
             "unfinished": GaugeMetricFamily(
                 "cleanup_oldest_unfinished_chunk_age_seconds",
@@ -172,35 +197,44 @@ class LedgerCollector:
                 "Unix time the last run that completed without dead letters finished.",
                 labels=["policy"]),
         }
-        for policy in all_policies():
-            view = policy_overview(policy, now, exact=False)
+        in_flight = _chunks_in_flight(now)
+        policies = all_policies()
+        schedules = schedule_statuses(policies, now)
+        with Budget() as budget:
+            backlog = backlogs(policies, now, budget)
+        for policy in policies:
             label = [policy.name]
-            gauges["eligible"].add_metric(label, view.eligible_rows)
-            gauges["oldest"].add_metric(label, _seconds(view.oldest_eligible_age))
-            gauges["unfinished"].add_metric(label, _seconds(view.oldest_unfinished_age))
-            gauges["stalled"].add_metric(label, view.stalled_chunks)
-            gauges["ack"].add_metric(label, view.awaiting_ack)
-            gauges["undispatched"].add_metric(label, view.schedule.undispatched)
-            if view.schedule.installed:
-                gauges["lag"].add_metric(label, view.schedule.lag.total_seconds())
+            rows = backlog[policy.name]
+            oldest = (policy.eligible_since(rows.oldest_observed)
+                      if rows.oldest_observed else None)
+            chunks = in_flight.get(policy.name, {})
+            schedule = schedules[policy.name]
+            gauges["eligible"].add_metric(label, rows.rows)
+            gauges["oldest"].add_metric(label, _age(now, oldest))
+            gauges["exact"].add_metric(label, 1 if rows.exact else 0)
+            gauges["unfinished"].add_metric(label, _age(now, chunks.get("oldest_unfinished")))
+            gauges["stalled"].add_metric(label, chunks.get("stalled", 0))
+            gauges["ack"].add_metric(label, chunks.get("awaiting_ack", 0))
+            gauges["undispatched"].add_metric(label, schedule.undispatched)
+            if schedule.installed:
+                gauges["lag"].add_metric(label, schedule.lag.total_seconds())
                 gauges["grace"].add_metric(label, conf.SCHEDULE_GRACE_SECONDS)
-                gauges["limit"].add_metric(label, backlog_age_limit(view.schedule).total_seconds())
-            if view.last_success is not None:
-                gauges["success"].add_metric(label, view.last_success.finished_at.timestamp())
+                gauges["limit"].add_metric(label, backlog_age_limit(schedule).total_seconds())
+            if policy.name in last_success:
+                gauges["success"].add_metric(label, last_success[policy.name].timestamp())
         yield from gauges.values()
 
-
-    def _heartbeats(self, now):
+    def _heartbeats(self):
         family = GaugeMetricFamily(
             "cleanup_heartbeat_age_seconds",
-            "Seconds since a worker of each cluster last ran the heartbeat task "
-            "(a cluster that stopped taking work grows; an idle one does not).",
+            "Seconds since a worker of each cluster last ran the heartbeat task, by the "
+            "database's clock (a cluster that stopped taking work grows; an idle one does "
+            "not); +Inf for a beat stamped in the future, which proves nothing.",
             labels=["host", "cluster"])
-        for heartbeat in WorkerHeartbeat.objects.all():
-            family.add_metric([heartbeat.host, heartbeat.cluster],
-                              (now - heartbeat.beat_at).total_seconds())
+        for beat in health.heartbeats():
+            age = math.inf if beat.from_the_future else max(beat.age.total_seconds(), 0.0)
+            family.add_metric([beat.host, beat.cluster], age)
         return family
-
 
 
 _collector = LedgerCollector()
@@ -218,5 +252,64 @@ def ledger_collector() -> LedgerCollector:
     return _collector
 
 
-def _seconds(age) -> float:
-    return age.total_seconds() if age is not None else 0.0
+def _chunks_in_flight(now) -> dict[str, dict]:
+    """Per policy: the oldest unfinished chunk, the stalled ones and those awaiting
+    their acknowledgement, read through the state index (a few rows, not the ledger)."""
+    unfinished = Q(state__in=Chunk.UNFINISHED)
+    rows = (
+        Chunk.objects.filter(state__in=(*Chunk.UNFINISHED, Chunk.State.COMMITTED))
+        # Stalled: unfinished for longer than the lease since it was (re)sent, however
+        # many deliveries started meanwhile (one stuck on row locks keeps starting).
+        .alias(sent_at=Coalesce("enqueued_at", "planned_at"))
+        .values("run__policy")
+        .annotate(
+            oldest_unfinished=Min("planned_at", filter=unfinished),
+            stalled=Count("pk", filter=unfinished & Q(sent_at__lt=now - lease())),
+            awaiting_ack=Count("pk", filter=Q(state=Chunk.State.COMMITTED)),
+        )
+        .order_by()
+    )
+    return {row.pop("run__policy"): row for row in rows}
+
+
+def schedule_statuses(policies: list[Policy], now: datetime) -> dict[str, ScheduleStatus]:
+    """``overview.schedule_status`` of every policy, in one statement rather than four
+    per policy (28 of a scrape's 52 statements); a test pins the two equal."""
+    names = [f"{NAME_PREFIX}{p.name}" for p in policies if p.schedule is not None]
+    policy = Substr(OuterRef("name"), len(NAME_PREFIX) + 1)
+    slots = Slot.objects.filter(policy=policy).order_by()
+    rows = Schedule.objects.filter(name__in=names).annotate(
+        installed_at=Subquery(ScheduleInstall.objects.filter(policy=policy)
+                              .values("installed_at")[:1]),
+        last_fired=Subquery(slots.order_by("-fired_at").values("fired_at")[:1]),
+        undispatched=Subquery(
+            slots.filter(outcome=Slot.Outcome.FIRED, fired_at__lt=now - lease())
+            .values("policy").annotate(n=Count("pk")).values("n")),
+    ).values_list("name", "cron", "installed_at", "last_fired", "undispatched")
+    found = {name: (cron, installed, fired, waiting) for name, cron, installed, fired, waiting
+             in rows}
+    statuses = {}
+    for each in policies:
+        name = f"{NAME_PREFIX}{each.name}"
+        if each.schedule is None:
+            statuses[each.name] = ScheduleStatus(installed=False)
+        elif name not in found:
+            statuses[each.name] = ScheduleStatus(installed=False, cron=each.schedule)
+        else:
+            cron, installed, fired, waiting = found[name]
+            lag = triggers.lag_since([installed, fired], cron, now)
+            statuses[each.name] = ScheduleStatus(
+                installed=True,
+                cron=cron,
+                next_slot=croniter(cron, now).get_next(datetime),
+                expected_slot=lag.expected_slot,
+                lag=lag.lag,
+                missed=lag.lag > timedelta(seconds=conf.SCHEDULE_GRACE_SECONDS),
+                undispatched=waiting or 0,
+                period=triggers.period(cron, now),
+            )
+    return statuses
+
+
+def _age(now, since) -> float:
+    return max((now - since).total_seconds(), 0.0) if since is not None else 0.0

@@ -65,7 +65,13 @@ def schedule_lag(policy: str, cron: str, now: datetime) -> Lag:
     """
     installed = ScheduleInstall.objects.filter(policy=policy).first()
     last_fired = Slot.objects.filter(policy=policy).aggregate(last=Max("fired_at"))["last"]
-    known = [t for t in (installed and installed.installed_at, last_fired) if t is not None]
+    return lag_since([installed and installed.installed_at, last_fired], cron, now)
+
+
+def lag_since(instants: list[datetime | None], cron: str, now: datetime) -> Lag:
+    """The lag counted from the latest of ``instants`` (the installation, the last
+    firing; None where there is none)."""
+    known = [t for t in instants if t is not None]
     if not known:
         return Lag(None, timedelta(0))
     expected = croniter(cron, max(known)).get_next(datetime)

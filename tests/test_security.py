@@ -162,6 +162,15 @@ def test_no_sql_is_assembled_from_input():
                 for target in node.targets:
                     if isinstance(target, ast.Name):
                         assigned.setdefault(target.id, []).append(node.value)
+                    elif isinstance(target, ast.Tuple) and target.elts and isinstance(
+                            target.elts[0], ast.Name):
+                        # sql, params = ...: the SQL is the first of what the call returns.
+                        assigned.setdefault(target.elts[0].id, []).append(node.value)
+            if isinstance(node, ast.FunctionDef):
+                # What a function returns, by its name: an ORM compiler's SQL is fixed.
+                for returned in ast.walk(node):
+                    if isinstance(returned, ast.Return) and returned.value is not None:
+                        assigned.setdefault(f"{node.name}()", []).append(returned.value)
         # A parameter is followed to the arguments every call in the module passes it.
         for function in ast.walk(tree):
             if not isinstance(function, ast.FunctionDef):
@@ -210,6 +219,13 @@ def _fixed_sql(node, assigned, depth=0) -> bool:
                 and all(_fixed_name(k.value, assigned, depth) for k in node.keywords))
     if isinstance(node, ast.IfExp):
         return all(_fixed_sql(side, assigned, depth + 1) for side in (node.body, node.orelse))
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("as_sql",
+                                                                         "sql_with_params"):
+        return True  # compiled by the ORM from a queryset: its values are bound parameters
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args:
+        returns = assigned.get(f"{node.func.id}()", [])
+        return bool(returns) and all(_fixed_sql(value, assigned, depth + 1)
+                                     for value in returns)
     return False
 
 

@@ -1,0 +1,72 @@
+"""Render the shipped alert rules with the runbook's base URL, so that every rule's
+runbook_url is an absolute link an operator can click.
+
+    CLEANUP_RUNBOOK_BASE_URL=https://docs.example.org/seat-holds/README.md \\
+        python deploy/prometheus/render_rules.py --output /etc/prometheus/rules/cleanup.yml
+
+The base is wherever this project's README is served (a Git host's page of it, an
+internal docs site): each alert's anchor is its heading under "Alerts and what to do".
+``--base-url`` overrides the environment. Nothing is written when the base is missing
+or is not an absolute http(s) URL. Standard library only: it runs where Prometheus is
+configured, without the app.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+PLACEHOLDER = "${CLEANUP_RUNBOOK_BASE_URL}"
+TEMPLATE = Path(__file__).with_name("cleanup-alerts.yml")
+
+
+class BadBase(ValueError):
+    """The runbook's base URL is missing or cannot make an absolute link."""
+
+
+def check_base(base: str | None) -> str:
+    """Return the base, stripped; refuse one that is missing, relative or not http(s)."""
+    base = (base or "").strip()
+    if not base:
+        raise BadBase("CLEANUP_RUNBOOK_BASE_URL is not set: give the address where the "
+                      "README is served (or --base-url)")
+    parts = urlsplit(base)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise BadBase(f"runbook base {base!r} is not an absolute http(s) URL")
+    if parts.fragment or base.endswith("#"):
+        raise BadBase(f"runbook base {base!r} has an anchor; each rule adds its own")
+    return base
+
+
+def render(template: str, base: str) -> str:
+    """The rules with every runbook link made absolute under ``base``."""
+    base = check_base(base)
+    if PLACEHOLDER not in template:
+        raise BadBase(f"the template names no {PLACEHOLDER}: nothing to render")
+    return template.replace(PLACEHOLDER, base)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-url", default=os.environ.get("CLEANUP_RUNBOOK_BASE_URL"),
+                        help="Where the README is served (default: $CLEANUP_RUNBOOK_BASE_URL).")
+    parser.add_argument("--template", type=Path, default=TEMPLATE)
+    parser.add_argument("--output", type=Path, help="File to write (default: stdout).")
+    args = parser.parse_args(argv)
+    try:
+        rules = render(args.template.read_text(), args.base_url)
+    except (BadBase, OSError) as exc:
+        print(f"render_rules: {exc}", file=sys.stderr)
+        return 2
+    if args.output is None:
+        sys.stdout.write(rules)
+    else:
+        args.output.write_text(rules)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

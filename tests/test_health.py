@@ -1,0 +1,89 @@
+"""/health and the heartbeat gauge go by the database's clock: no host's clock can make
+a stopped cluster look alive, nor a live one stale."""
+
+from __future__ import annotations
+
+import math
+import socket
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.db.models import F
+from django.db.models.functions import Now
+from django.utils import timezone
+from django_q.conf import Conf
+
+from cleanup import health
+from cleanup.health import beat
+from cleanup.models import WorkerHeartbeat
+from tests.test_metrics import scrape, value
+
+pytestmark = pytest.mark.django_db
+THIS_CLUSTER = {"host": socket.gethostname(), "cluster": Conf.CLUSTER_NAME}
+
+
+def database_clock():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        return cursor.fetchone()[0]
+
+
+@pytest.fixture
+def wrong_host_clock(monkeypatch):
+    """This host's clock a year ahead of the database's."""
+    ahead = timezone.now() + timedelta(days=365)
+    monkeypatch.setattr(timezone, "now", lambda: ahead)
+
+
+def test_a_heartbeat_from_the_future_is_not_a_cluster_taking_work(client):
+    beat()
+    WorkerHeartbeat.objects.update(beat_at=F("beat_at") + timedelta(days=365))
+
+    response = client.get("/health")
+
+    assert response.status_code == 503
+    body = response.json()
+    assert body["healthy"] is False
+    assert body["problem"] == "no cluster has run the heartbeat task recently"
+    [cluster] = body["clusters"]
+    assert cluster["taking_work"] is False
+    assert cluster["problem"] == "heartbeat stamped ahead of the database's clock"
+    assert cluster["age_seconds"] == pytest.approx(-365 * 86400, abs=2)
+    # Never a negative age, which would keep the no-worker alert quiet: no age at all.
+    assert value(scrape(client), "cleanup_heartbeat_age_seconds", **THIS_CLUSTER) == math.inf
+
+
+def test_a_beat_a_moment_ahead_is_still_a_beat(client):
+    beat()
+    WorkerHeartbeat.objects.update(beat_at=Now() + timedelta(seconds=2))
+
+    assert client.get("/health").status_code == 200
+    assert value(scrape(client), "cleanup_heartbeat_age_seconds", **THIS_CLUSTER) == 0
+
+
+def test_heartbeats_are_stamped_with_the_databases_clock(wrong_host_clock):
+    before = database_clock()
+    stamped = beat().beat_at
+    assert before <= stamped <= database_clock()
+
+
+def test_ages_come_from_the_database_not_the_web_hosts_clock(client, wrong_host_clock):
+    beat()
+    WorkerHeartbeat.objects.update(beat_at=Now() - timedelta(seconds=30))
+
+    response = client.get("/health")
+
+    assert response.status_code == 200
+    assert response.json()["clusters"][0]["age_seconds"] == pytest.approx(30, abs=2)
+    [heartbeat] = health.heartbeats()
+    assert heartbeat.age.total_seconds() == pytest.approx(30, abs=2)
+
+
+def test_a_heartbeat_stale_by_the_databases_clock_is_503(client):
+    beat()
+    WorkerHeartbeat.objects.update(beat_at=Now() - timedelta(minutes=10))
+
+    assert client.get("/health").status_code == 503
+    age = value(scrape(client), "cleanup_heartbeat_age_seconds", **THIS_CLUSTER)
+    assert age == pytest.approx(600, abs=2)

@@ -1,0 +1,194 @@
+"""The backlog on /metrics: counted exactly up to a cap, read within a time budget, and
+a lower bound (said so) when the index cannot be read in time."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from cleanup import backlog as backlog_module
+from cleanup.backlog import BUDGET_MS, Budget, backlogs
+from cleanup.dispatch import dispatch
+from cleanup.overview import policy_overview
+from cleanup.policies import get_policy
+from reservations.models import SeatHold
+from tests.factories import SeatHoldFactory
+from tests.test_metrics import scrape, value
+
+pytestmark = pytest.mark.django_db
+HOLDS = {"policy": "expire-holds"}
+
+
+@pytest.fixture(autouse=True)
+def _no_memory_of_slow_reads(monkeypatch):
+    monkeypatch.setattr(backlog_module, "_over_budget", {})
+
+
+@pytest.fixture
+def holds_by_age(section):
+    """Five expired holds, 1 to 5 hours ago, the oldest created last."""
+    now = timezone.now()
+    return [SeatHoldFactory(section=section, expires_at=now - timedelta(hours=hours))
+            for hours in (1, 2, 3, 4, 5)]
+
+
+def slow_index_read(calls: list):
+    """An index read that outlasts any budget (a run's dead rows to wade through)."""
+    def read(rows, field):
+        calls.append(field)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(2)")
+    return read
+
+
+def show_statement_timeout() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW statement_timeout")
+        return cursor.fetchone()[0]
+
+
+def test_eligible_rows_are_counted_not_estimated_by_the_planner(client, section):
+    SeatHoldFactory.create_batch(300, section=section, expired=True)
+    with connection.cursor() as cursor:
+        cursor.execute(f'ANALYZE "{SeatHold._meta.db_table}"')
+    # The statistics still say 300 rows; 5 are left.
+    SeatHold.objects.filter(pk__in=list(SeatHold.objects.values_list("pk", flat=True)[5:])
+                            ).delete()
+
+    samples = scrape(client)
+
+    assert value(samples, "cleanup_eligible_rows", **HOLDS) == 5
+    assert value(samples, "cleanup_backlog_exact", **HOLDS) == 1
+    # The console's overview counts the same rows.
+    assert policy_overview(get_policy("expire-holds"), timezone.now()).eligible_rows == 5
+
+
+def test_counting_stops_at_the_cap_and_the_oldest_stays_exact(client, holds_by_age,
+                                                              monkeypatch):
+    monkeypatch.setattr(backlog_module, "COUNT_CAP", 3)
+
+    samples = scrape(client)
+
+    assert value(samples, "cleanup_eligible_rows", **HOLDS) == 3  # at least 3
+    assert value(samples, "cleanup_backlog_exact", **HOLDS) == 1
+    age = value(samples, "cleanup_oldest_eligible_age_seconds", **HOLDS)
+    assert 5 * 3600 <= age < 5 * 3600 + 30
+
+
+def test_each_scrape_statement_on_a_policy_table_is_bounded(client, expired_holds):
+    with CaptureQueriesContext(connection) as queries:
+        scrape(client)
+    on_holds = [q["sql"] for q in queries.captured_queries
+                if f'"{SeatHold._meta.db_table}"' in q["sql"]]
+
+    # One statement: the count up to the cap, with the oldest of the rows it counted.
+    assert len(on_holds) == 1
+    assert on_holds[0].startswith("SELECT COUNT(*), CASE WHEN MIN(")
+    assert on_holds[0].endswith(f"LIMIT {backlog_module.COUNT_CAP}) subquery")
+    # ... under the budget, set before the backlog statements and put back after them.
+    sql = [q["sql"] for q in queries.captured_queries]
+    first = sql.index(on_holds[0])
+    assert any(f"'{BUDGET_MS}ms'" in s and "statement_timeout" in s for s in sql[:first])
+    assert show_statement_timeout() == "0"
+
+
+def test_at_the_cap_the_oldest_comes_from_one_probe_of_the_index(client, holds_by_age,
+                                                                monkeypatch):
+    monkeypatch.setattr(backlog_module, "COUNT_CAP", 3)
+    with CaptureQueriesContext(connection) as queries:
+        scrape(client)
+    on_holds = [q["sql"] for q in queries.captured_queries
+                if f'"{SeatHold._meta.db_table}"' in q["sql"]]
+
+    assert len(on_holds) == 2
+    # MIN of the bare column (the index answers it), clamped outside.
+    assert re.match(r'SELECT CASE WHEN MIN\("reservations_seathold"\."expires_at"\) <',
+                    on_holds[1])
+
+
+def test_an_index_read_past_the_budget_takes_the_oldest_row_in_flight(
+        client, holds_by_age, monkeypatch):
+    monkeypatch.setattr(backlog_module, "COUNT_CAP", 3)
+    dispatch("expire-holds")  # its chunk, in flight, names all five holds
+    calls = []
+    monkeypatch.setattr(backlog_module, "_oldest", slow_index_read(calls))
+    limit = show_statement_timeout()
+
+    samples = scrape(client)
+
+    assert calls == ["expires_at"]  # tried, and cancelled after the budget
+    assert value(samples, "cleanup_backlog_exact", **HOLDS) == 0
+    assert value(samples, "cleanup_eligible_rows", **HOLDS) == 3
+    age = value(samples, "cleanup_oldest_eligible_age_seconds", **HOLDS)
+    assert 5 * 3600 <= age < 5 * 3600 + 30  # the oldest hold, named by the chunk
+    assert show_statement_timeout() == limit  # the caller's, put back
+
+
+def test_a_range_chunk_in_flight_bounds_the_oldest_as_well(client, holds_by_age,
+                                                          monkeypatch):
+    monkeypatch.setattr(backlog_module, "COUNT_CAP", 3)
+    dispatch("expire-holds", scheme="range")  # one id range over the five holds
+    monkeypatch.setattr(backlog_module, "_oldest", slow_index_read([]))
+
+    samples = scrape(client)
+
+    assert value(samples, "cleanup_backlog_exact", **HOLDS) == 0
+    age = value(samples, "cleanup_oldest_eligible_age_seconds", **HOLDS)
+    assert 5 * 3600 <= age < 5 * 3600 + 30
+
+
+def test_without_chunks_in_flight_the_age_is_that_of_a_row_counted(holds_by_age,
+                                                                   monkeypatch):
+    monkeypatch.setattr(backlog_module, "COUNT_CAP", 3)
+    monkeypatch.setattr(backlog_module, "_oldest", slow_index_read([]))
+    now = timezone.now()
+
+    with Budget() as budget:
+        found = backlogs([get_policy("expire-holds")], now, budget)["expire-holds"]
+
+    assert (found.rows, found.exact) == (3, False)
+    expiries = SeatHold.objects.values_list("expires_at", flat=True)
+    # A lower bound: some eligible row's own age, never older than the oldest.
+    assert found.oldest_observed in set(expiries)
+    assert found.oldest_observed >= min(expiries)
+
+
+def test_a_process_does_not_retry_a_slow_index_at_every_scrape(client, holds_by_age,
+                                                              monkeypatch):
+    monkeypatch.setattr(backlog_module, "COUNT_CAP", 3)
+    calls = []
+    monkeypatch.setattr(backlog_module, "_oldest", slow_index_read(calls))
+    scrape(client)
+    scrape(client)
+    assert calls == ["expires_at"]
+
+    monkeypatch.setattr(backlog_module, "RETRY_AFTER_SECONDS", 0)
+    scrape(client)
+    assert calls == ["expires_at", "expires_at"]
+
+
+def test_nothing_readable_within_the_budget_reads_as_an_inexact_zero(holds_by_age,
+                                                                     monkeypatch):
+    def slow_count(rows, field, cap):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(2)")
+    monkeypatch.setattr(backlog_module, "_count", slow_count)
+    with Budget() as budget:
+        found = backlogs([get_policy("expire-holds")], timezone.now(), budget)
+
+    assert (found["expire-holds"].rows, found["expire-holds"].exact) == (0, False)
+    assert show_statement_timeout() == "0"
+
+
+@pytest.mark.django_db(transaction=True)  # outside a transaction the budget is set on
+# the connection itself, and must be put back on it
+def test_the_budget_is_put_back_on_the_connection():
+    assert not connection.in_atomic_block
+    with Budget(25):
+        assert show_statement_timeout() == "25ms"
+    assert show_statement_timeout() == "0"
