@@ -44,7 +44,8 @@ T = TypeVar("T")
 # (20 ms for 10,000 on this project's 2-core machine, during a run).
 COUNT_CAP = 10_000
 # Per statement: seven policies at a few milliseconds each, and the one or two whose
-# index a run is emptying at most one statement over this, fit a 0.3 s scrape.
+# index a run is emptying at most one statement over this, keep the backlog's share
+# of a scrape near 0.1 s (87 ms p50 during a million-row run).
 BUDGET_MS = 40
 # Of each items chunk in flight, the rows a lower bound looks at: its oldest.
 ITEMS_LOOKED_AT = 10
@@ -190,9 +191,24 @@ def in_flight(policy: Policy, frozen: dict[str, datetime]) -> Backlog:
 
 
 def _count(rows: QuerySet, field: str, cap: int) -> Backlog:
-    """Count up to the cap, and the oldest of the rows counted (exact below the cap)."""
+    """Count up to the cap, and the oldest of the rows counted (exact below the cap).
+
+    Newest first where an index leads with ``field``: a run deletes the oldest rows
+    first, so the newest end of the index is the live one (1,000 rows counted from
+    the oldest end during a run read a million deleted ones first: 1.1 s). Without
+    such an index, in whatever order the table gives them.
+    """
+    if _leads_an_index(rows.model, field):
+        rows = rows.order_by(f"-{field}")
     found = rows.values(field)[:cap].aggregate(rows=Count("*"), oldest=Clamped(Min(field)))
     return Backlog(found["rows"], found["oldest"] if found["rows"] else None)
+
+
+def _leads_an_index(model, field: str) -> bool:
+    if model._meta.get_field(field).db_index:
+        return True
+    return any(index.fields and index.fields[0].lstrip("-") == field
+               for index in model._meta.indexes)
 
 
 def _oldest(rows: QuerySet, field: str) -> datetime | None:

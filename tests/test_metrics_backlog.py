@@ -89,7 +89,9 @@ def test_each_scrape_statement_on_a_policy_table_is_bounded(client, expired_hold
     # One statement: the count up to the cap, with the oldest of the rows it counted.
     assert len(on_holds) == 1
     assert on_holds[0].startswith("SELECT COUNT(*), CASE WHEN MIN(")
-    assert on_holds[0].endswith(f"LIMIT {backlog_module.COUNT_CAP}) subquery")
+    # Newest first, from the live end of the index while a run deletes the oldest.
+    assert on_holds[0].startswith('SELECT COUNT(*), CASE WHEN MIN("__col1") <')
+    assert on_holds[0].endswith(f"ORDER BY 1 DESC LIMIT {backlog_module.COUNT_CAP}) subquery")
     # ... under the budget, set before the backlog statements and put back after them.
     sql = [q["sql"] for q in queries.captured_queries]
     first = sql.index(on_holds[0])
