@@ -183,7 +183,7 @@ DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "") or "seats@example.
 # - save_limit -1: successful results are not stored. The chunk ledger records every
 #   outcome; with a positive limit django-q2's monitor locks and loads all the kept
 #   successes (arguments included) on every result, which measured as the largest
-#   per-chunk cost of the pipeline (README, Performance). Failures are still stored.
+#   per-chunk cost of the pipeline (docs/performance.md). Failures are still stored.
 # - poll (0.2 s): how long an idle pusher sleeps before looking at the queue again;
 #   it is the delay before a new run's first chunk starts.
 # - bulk 1: a pusher takes one message at a time, so the other cluster's workers get

@@ -112,9 +112,9 @@ def free_port() -> int:
 
 @pytest.fixture
 def served(tmp_path):
-    """The console as the README starts it: `make serve` (collectstatic, then gunicorn
-    with WhiteNoise), on the test database; pytest's live server would serve static
-    files by itself and prove nothing about them."""
+    """The console as docs/operations.md starts it: `make serve` (collectstatic, then
+    gunicorn with WhiteNoise), on the test database; pytest's live server would serve
+    static files by itself and prove nothing about them."""
     address = f"127.0.0.1:{free_port()}"
     log = (tmp_path / "serve.log").open("w")
     process = subprocess.Popen(

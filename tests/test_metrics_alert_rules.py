@@ -1,5 +1,5 @@
 """The alert rules' runbook links: absolute, built from CLEANUP_RUNBOOK_BASE_URL by the
-renderer, each to a heading of the README's alerts section."""
+renderer, each to a heading of the alerts section of docs/operations.md."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
+from tests.test_project import github_anchor
 
 PROMETHEUS = ROOT / "deploy/prometheus"
-BASE = "https://git.example.org/ops/seat-holds/-/blob/main/README.md"
+BASE = "https://git.example.org/ops/seat-holds/-/blob/main/docs/operations.md"
 PROMTOOL = shutil.which("promtool")
 
 
@@ -28,6 +29,8 @@ def load_renderer():
 
 
 render_rules = load_renderer()
+# The page the renderer names as the runbook: its headings are the anchors.
+RUNBOOK = ROOT / render_rules.RUNBOOK_PAGE
 
 
 def runbook_links(rules: str) -> dict[str, str]:
@@ -41,13 +44,13 @@ def runbook_links(rules: str) -> dict[str, str]:
     return links
 
 
-def readme_anchors() -> set[str]:
-    """GitHub's anchors for the headings of the README's alerts section."""
-    text = (ROOT / "README.md").read_text()
+def runbook_anchors() -> set[str]:
+    """GitHub's anchors for the headings of the runbook page's alerts section."""
+    text = RUNBOOK.read_text()
     section = text[text.index("\n### Alerts and what to do"):]
     section = section[:section.index("\n## ", 1)]
     headings = re.findall(r"^#{2,6} (.+)$", section, re.MULTILINE)
-    return {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in headings}
+    return {github_anchor(h) for h in headings}
 
 
 def render(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -63,7 +66,7 @@ def test_every_rendered_rule_links_to_its_runbook_heading():
     links = runbook_links(render_rules.render(template, BASE))
 
     assert list(links) == alerts
-    anchors = readme_anchors()
+    anchors = runbook_anchors()
     for alert, link in links.items():
         assert link == f"{BASE}#{alert.lower()}"
         assert link.split("#", 1)[1] in anchors, f"{alert}: no heading for {link}"
@@ -86,8 +89,8 @@ def test_the_renderer_takes_the_base_from_the_environment(tmp_path):
 
 
 @pytest.mark.parametrize(("base", "message"), [
-    ("", "render_rules: CLEANUP_RUNBOOK_BASE_URL is not set: give the address where the "
-         "README is served (or --base-url)"),
+    ("", "render_rules: CLEANUP_RUNBOOK_BASE_URL is not set: give the address where "
+         "docs/operations.md is served (or --base-url)"),
     ("README.md", "render_rules: runbook base 'README.md' is not an absolute http(s) URL"),
     ("ftp://docs.example.org/README.md",
      "render_rules: runbook base 'ftp://docs.example.org/README.md' is not an absolute "
@@ -95,6 +98,10 @@ def test_the_renderer_takes_the_base_from_the_environment(tmp_path):
     ("https://docs.example.org/README.md#alerts",
      "render_rules: runbook base 'https://docs.example.org/README.md#alerts' has an "
      "anchor; each rule adds its own"),
+    ("https://git.example.org/ops/seat-holds/-/blob/main/README.md",
+     "render_rules: runbook base 'https://git.example.org/ops/seat-holds/-/blob/main/"
+     "README.md' is the README; the alerts' headings are in docs/operations.md: give the "
+     "address where that page is served"),
 ])
 def test_the_renderer_refuses_a_base_that_makes_no_absolute_link(tmp_path, base, message):
     output = tmp_path / "rules.yml"

@@ -1,5 +1,6 @@
-"""What drifts: the README's table of series, the dashboard's queries and variable, and
-the alert annotations the dashboard shows, against what the collectors emit."""
+"""What drifts: the table of series in docs/operations.md, the dashboard's queries and
+variable, and the alert annotations the dashboard shows, against what the collectors
+emit."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ UNLABELLED = {"cleanup_heartbeat_age_seconds"}
 
 def emitted(client) -> dict[str, str]:
     """Every cleanup and reservations family the app emits, by the name a query or the
-    README uses (counters with _total), and its type."""
+    the docs use (counters with _total), and its type."""
     text = client.get("/metrics").content.decode()
     return {
         family.name + ("_total" if family.type == "counter" else ""): family.type
@@ -29,8 +30,8 @@ def emitted(client) -> dict[str, str]:
     }
 
 
-def readme_series() -> set[str]:
-    text = (ROOT / "README.md").read_text()
+def documented_series() -> set[str]:
+    text = (ROOT / "docs/operations.md").read_text()
     section = text[text.index("\n## Metrics, logs and alerts"):]
     section = section[:section.index("\n## ", 1)]
     return set(re.findall(r"^\| `((?:cleanup|reservations)_[a-z_]+)(?:\{[a-z_,]*\})?` \|",
@@ -49,8 +50,8 @@ def panels() -> list[dict]:
     return json.loads(DASHBOARD.read_text())["panels"]
 
 
-def test_the_readme_table_lists_every_series_emitted_and_no_other(client):
-    assert readme_series() == set(emitted(client))
+def test_the_operations_table_lists_every_series_emitted_and_no_other(client):
+    assert documented_series() == set(emitted(client))
 
 
 def test_the_dashboard_queries_only_series_that_exist(client):

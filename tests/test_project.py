@@ -1,4 +1,5 @@
-"""Consistency of the project: migrations, the engine's independence, the README."""
+"""Consistency of the project: migrations, the engine's independence, the README and
+the pages under docs/."""
 
 from __future__ import annotations
 
@@ -48,23 +49,91 @@ def test_django_starts_with_cleanup_installed_and_reservations_absent():
     assert migrations.returncode == 0, migrations.stdout + migrations.stderr
 
 
-def test_every_command_in_the_readme_exists():
-    readme = (ROOT / "README.md").read_text()
-    named = set(re.findall(r"manage\.py (\w+)", readme))
+DOCS = ROOT / "docs"
+FENCED = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+INLINE_CODE = re.compile(r"`[^`]+`")
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+HEADING = re.compile(r"^#{1,6} (.+?)\s*$", re.MULTILINE)
+
+
+def pages() -> list:
+    return [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+def prose(path) -> str:
+    """The page without its code blocks, where a heading or a link means nothing."""
+    return FENCED.sub("", path.read_text())
+
+
+def section(path, heading: str) -> str:
+    """The text under a second-level heading, up to the next one."""
+    return path.read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation but hyphens and
+    underscores dropped, spaces made hyphens."""
+    return re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path) -> set[str]:
+    """Every heading's anchor on a page; GitHub numbers a repeated one -1, -2..."""
+    seen: dict[str, int] = {}
+    found = set()
+    for heading in HEADING.findall(prose(path)):
+        anchor = github_anchor(heading)
+        found.add(f"{anchor}-{seen[anchor]}" if anchor in seen else anchor)
+        seen[anchor] = seen.get(anchor, 0) + 1
+    return found
+
+
+def test_every_command_the_docs_name_exists():
+    named = set()
+    for page in pages():
+        named |= set(re.findall(r"manage\.py (\w+)", page.read_text()))
     assert {"cleanup_dispatch", "cleanup_status", "cleanup_replay", "cleanup_schedule",
             "seed_reservations"} <= named
     assert named <= set(get_commands())
 
 
-def test_every_setting_is_documented_in_the_readme():
+def test_every_command_of_the_project_is_described_under_commands():
+    ours = {name for name, app in get_commands().items()
+            if app in ("cleanup", "reservations", "config.devtools")}
+    described = set(re.findall(r"^- `python manage\.py (\w+)",
+                               section(DOCS / "operations.md", "Commands"), re.MULTILINE))
+    assert sorted(ours - described) == []
+
+
+def test_every_setting_is_documented_on_the_settings_page():
     from cleanup.conf import DEFAULTS
     from reservations.conf import conf as reservations_conf
 
-    readme = (ROOT / "README.md").read_text()
+    page = (DOCS / "settings.md").read_text()
     names = [f"CLEANUP_{n}" for n in DEFAULTS]
     names += [f"RESERVATIONS_{n}" for n in reservations_conf._defaults]
-    missing = [n for n in names if n not in readme]
+    missing = [n for n in names if n not in page]
     assert missing == []
+
+
+def test_the_readme_reads_in_five_minutes():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 300
+
+
+def test_every_relative_link_in_the_docs_reaches_a_file_and_a_heading():
+    broken, checked = [], 0
+    for page in pages():
+        for target in LINK.findall(INLINE_CODE.sub("", prose(page))):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+                continue
+            checked += 1
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert checked >= 20  # the pages link to each other; the pattern still finds them
+    assert broken == []
 
 
 @pytest.mark.django_db

@@ -2,7 +2,7 @@
 
 transaction=True: the soak runs as a subprocess against the test database and its
 clusters must see what it commits. `manage.py cleanup_soak --duration 600` is the
-long form (README, Reliability).
+long form (docs/reliability.md).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ PRESETS = {
     # Big enough that qcluster polling and process start-up are a small share.
     "small": Preset("small", expired=100_000, total=200_000, tenants=4, per_row_sample=300,
                     idle_seconds=3),
-    # The figures in the README's performance section.
+    # The figures in docs/performance.md.
     "large": Preset("large", expired=1_000_000, total=2_000_000, tenants=8,
                     per_row_sample=2_000, idle_seconds=10),
 }

@@ -22,7 +22,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument("--preset", choices=sorted(PRESETS), default="small",
                             help="small: 100,000 expired among 200,000 holds (CI); "
-                                 "large: 1,000,000 among 2,000,000 (README).")
+                                 "large: 1,000,000 among 2,000,000 (docs/performance.md).")
         parser.add_argument("--output-dir", default="artifacts/bench",
                             help="Where bench-<preset>.json and .png go.")
         parser.add_argument("--timeout", type=float, default=1800,
