@@ -8,7 +8,7 @@ class CleanupConfig(AppConfig):
 
     def ready(self) -> None:
         from cleanup import checks, receivers  # noqa: F401  (registers checks and signals)
-        from cleanup.metrics import register_collector
+        from cleanup.observability.metrics import register_collector
         from cleanup.retention import register_policies
 
         register_collector()

@@ -3,12 +3,14 @@
 One format everywhere: ids by their first 8 hex digits (the whole id on hover),
 counts with thousands separators, instants as 24-hour UTC with seconds (the exact
 value on hover, a relative time beside it where it helps), states as badges whose
-colour comes from the console's stylesheet (``cleanup/static/cleanup/console.css``).
+colour comes from the console's stylesheet (``cleanup/static/cleanup/console.css``),
+a state the code does not know as ``unknown: <state>``.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Container
 from datetime import UTC, datetime
 
 from django.utils import timezone
@@ -72,8 +74,15 @@ def id_html(value, url: str | None = None):
                        short_id(value))
 
 
-def badge(state: str, label: str, title: str = ""):
-    """A state as a coloured badge; an unknown state still shows, in the neutral colour."""
+def badge(state: str, label: str, title: str = "", *, known: Container[str] | None = None,
+          what: str = "state"):
+    """A state as a coloured badge.
+
+    A state outside ``known`` (one written by hand past the field's choices) reads
+    ``unknown: <state>`` in the unknown colour, whatever label the caller had for it.
+    """
+    if known is not None and state not in known:
+        return badge("unknown", f"unknown: {state}", f"a {what} the code does not know")
     css_state = "".join(c if c.isalnum() else "-" for c in str(state).lower())
     return format_html('<span class="state-badge state-{}" title="{}">{}</span>', css_state,
                        title or label, label)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import traceback
+
 
 class CleanupError(Exception):
     """Base of every error the engine raises on purpose."""
@@ -50,6 +52,16 @@ class MalformedMessage(CleanupError):
 
 
 CAUSE_LENGTH = 255
+
+
+def summary_of(exc: BaseException) -> str:
+    """An exception in one line, as a run keeps why planning failed."""
+    return f"{type(exc).__name__}: {exc}"[:2000]
+
+
+def traceback_of(exc: BaseException) -> str:
+    """An exception with its traceback, as a chunk keeps its last error."""
+    return "".join(traceback.format_exception(exc)).strip()
 
 
 def cause_of(error: str) -> str:

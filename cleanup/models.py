@@ -8,6 +8,15 @@ from datetime import datetime
 from django.db import models
 from django.utils import timezone
 
+# What chunks' statements changed, whichever their policy's mutation: rows deleted, or
+# updated. The one definition, as an expression over chunk rows and over sums of them.
+ROWS_CHANGED = models.F("rows_deleted") + models.F("rows_updated")
+
+
+def rows_changed(figures) -> int:
+    """Rows changed in ``figures`` (a mapping with rows_deleted and rows_updated)."""
+    return figures["rows_deleted"] + figures["rows_updated"]
+
 
 class Run(models.Model):
     """One trigger of one policy, with its frozen cutoff."""
@@ -56,7 +65,7 @@ class Run(models.Model):
     )
     # The key span at dispatch (range: lowest and highest primary key + 1; items: the
     # oldest observed value, as epoch seconds, and the cutoff), and the frontier: where
-    # the next chunk starts (cleanup.planning). No frontier once planned_all.
+    # the next chunk starts (cleanup.engine.planning). No frontier once planned_all.
     span_start = models.BigIntegerField(null=True, blank=True)
     span_end = models.BigIntegerField(null=True, blank=True)
     frontier = models.JSONField(null=True, blank=True)
@@ -90,7 +99,11 @@ class Run(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["policy", "-created_at"])]
+        indexes = [
+            models.Index(fields=["policy", "-created_at"]),
+            # The observed field of the run purge: its backlog is read at each scrape.
+            models.Index(fields=["created_at"], name="run_created_at"),
+        ]
         permissions = [
             ("replay", "Can replay runs and chunks"),
             ("requeue", "Can requeue dead-lettered chunks"),
@@ -206,6 +219,11 @@ class Chunk(models.Model):
     dead_lettered_at = models.DateTimeField(null=True, blank=True)
     discarded_at = models.DateTimeField(null=True, blank=True)
     reconciled_at = models.DateTimeField(null=True, blank=True)
+    folded = models.BooleanField(
+        default=False,
+        help_text="Counted in LedgerTotal instead of at each scrape; a change unfolds it "
+                  "(cleanup.observability.counters).",
+    )
     reconciles = models.PositiveIntegerField(
         default=0, help_text="Times the reconciler re-sent it as lost or never sent."
     )
@@ -214,7 +232,14 @@ class Chunk(models.Model):
         ordering = ["run", "chunk_id"]
         constraints = [models.UniqueConstraint(fields=["run", "chunk_id"],
                                                name="chunk_unique_id_in_run")]
-        indexes = [models.Index(fields=["run", "state"]), models.Index(fields=["state"])]
+        indexes = [
+            models.Index(fields=["run", "state"]), models.Index(fields=["state"]),
+            # The observed field of the chunk purge (see Run's).
+            models.Index(fields=["planned_at"], name="chunk_planned_at"),
+            # The scrape's pass reads the chunks not folded, a few among many.
+            models.Index(fields=["run"], condition=models.Q(folded=False),
+                         name="chunk_not_folded"),
+        ]
 
     def __str__(self) -> str:
         return f"chunk #{self.chunk_id} of run {str(self.run_id)[:8]}"
@@ -222,7 +247,7 @@ class Chunk(models.Model):
     @property
     def rows_changed(self) -> int:
         """What the chunk's statement changed: rows deleted, or updated."""
-        return self.rows_deleted + self.rows_updated
+        return rows_changed(self.__dict__)
 
     @property
     def failure_summary(self) -> str:
@@ -280,7 +305,11 @@ class Slot(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["policy", "slot_at"], name="slot_unique_per_policy")
         ]
-        indexes = [models.Index(fields=["policy", "-fired_at"])]
+        indexes = [
+            models.Index(fields=["policy", "-fired_at"]),
+            # The observed field of the slot purge (see Run's).
+            models.Index(fields=["fired_at"], name="slot_fired_at"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.policy} slot {self.slot_at.isoformat()}"
@@ -330,7 +359,8 @@ class WorkerHeartbeat(models.Model):
 
 class LedgerTotal(models.Model):
     """Counter sums of ledger rows that a retention purge deleted, so /metrics
-    counters keep adding after the rows are gone."""
+    counters keep adding after the rows are gone, and of folded chunks (with their
+    states), so a scrape need not read them."""
 
     policy = models.CharField(max_length=100)
     key = models.CharField(max_length=64)

@@ -49,8 +49,9 @@ runs only.
     window: int | None = None
     schedule: str | None = None
     derive: Callable[[datetime], dict[str, datetime]] | None = None
-    # Prefix of the per-item key logged at debug level: "<prefix>:<pk>:<observed>".
-    key_prefix: str | None = None
+    # Prefix of the per-item idempotency key logged at debug level,
+    # "<prefix>:<pk>:<observed>"; None: the policy's name.
+    idempotency_prefix: str | None = None
     # How long after its observed value a row becomes eligible (a retention period);
     # the backlog's age is measured from then.
     eligible_after: Callable[[], timedelta] | None = None
@@ -72,15 +73,13 @@ runs only.
         if self.update is not None and (not self.update or self.before_delete is not None):
             raise ValueError(f"policy {self.name!r}: update needs at least one assignment "
                              "and no before_delete hook")
+        if self.idempotency_prefix is None:
+            object.__setattr__(self, "idempotency_prefix", self.name)
 
     @property
     def mutation(self) -> str:
         """``delete`` or ``update``: what each chunk's single statement does."""
         return "delete" if self.update is None else "update"
-
-    @property
-    def idempotency_prefix(self) -> str:
-        return self.key_prefix or self.name
 
     @property
     def model(self) -> type[models.Model]:

@@ -11,9 +11,10 @@ from django.db.models import Q
 from django.dispatch import receiver
 from django_q.signals import post_execute, pre_enqueue
 
-from cleanup import messages, transitions, triggers
-from cleanup.schedules import DISPATCH_TASK
-from cleanup.transport import CHUNK_TASK
+from cleanup.engine import messages, transitions
+from cleanup.engine.transport import CHUNK_TASK
+from cleanup.scheduling import triggers
+from cleanup.scheduling.schedules import DISPATCH_TASK
 
 log = structlog.get_logger("cleanup.receivers")
 

@@ -8,9 +8,9 @@ from datetime import datetime, timedelta
 
 from django.db.models import Q, QuerySet
 
-from cleanup import counters
 from cleanup.conf import conf
 from cleanup.models import Chunk, Run
+from cleanup.observability import counters
 from cleanup.policies import ITEMS, RANGE, Policy, register
 
 PURGE_CHUNKS = "purge-cleanup-chunks"
@@ -64,7 +64,9 @@ def old_task_results(cutoff: datetime, stopped_before: datetime) -> Q:
 
 # The worker hands each hook exactly the rows its DELETE removes, locked.
 def roll_up_chunks(doomed: QuerySet) -> None:
-    counters.roll_up(counters.chunk_sums(doomed))
+    # A folded chunk's counters are in LedgerTotal already; the trigger takes its state
+    # out as it goes.
+    counters.roll_up(counters.chunk_sums(doomed.filter(folded=False)))
 
 
 def roll_up_runs(doomed: QuerySet) -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from cleanup import health, reconcile
-from cleanup.schedules import dispatch_slot
-from cleanup.worker import apply_chunk as apply_chunk_message
+from cleanup.engine import reconcile
+from cleanup.engine.worker import apply_chunk as apply_chunk_message
+from cleanup.observability import counters, health
+from cleanup.scheduling.schedules import dispatch_slot
 
 
 def apply_chunk(message) -> str:
@@ -23,6 +24,11 @@ def dispatch_scheduled(policy: str, scheduled_for: str) -> str | None:
 def reconcile_chunks() -> int:
     """Re-send chunks that were never sent or whose message was lost."""
     return reconcile.reconcile().resent
+
+
+def fold_counters() -> int:
+    """Fold the chunks of runs finished a while ago into the counters' totals."""
+    return counters.fold()
 
 
 def heartbeat() -> int:

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from cleanup import views
+from cleanup.observability import views
 
 urlpatterns = [
     path("metrics", views.metrics, name="cleanup-metrics"),

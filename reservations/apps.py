@@ -9,7 +9,7 @@ class ReservationsConfig(AppConfig):
     def ready(self) -> None:
         from django.db.backends.signals import connection_created
 
-        from cleanup.schedules import register_task
+        from cleanup.scheduling.schedules import register_task
         from reservations import checks  # noqa: F401  (registers the system checks)
         from reservations.conf import conf
         from reservations.metrics import register_collector

@@ -14,10 +14,10 @@ from datetime import timedelta
 from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily
 
-from cleanup.backlog import COUNT_CAP as BACKLOG_COUNT_CAP
-from cleanup.backlog import Budget, read_backlog
 from cleanup.conf import conf as cleanup_conf
-from cleanup.triggers import period
+from cleanup.observability.backlog import COUNT_CAP as BACKLOG_COUNT_CAP
+from cleanup.observability.backlog import Budget, read_backlog
+from cleanup.scheduling.triggers import period
 from reservations.conf import conf
 from reservations.models import Reminder
 

@@ -49,7 +49,7 @@ def register_policies() -> None:
             scheme=ITEMS,
             chunk_size=conf.EXPIRE_CHUNK_SIZE,
             schedule=conf.EXPIRE_SCHEDULE,
-            key_prefix="expire-reservation",
+            idempotency_prefix="expire-reservation",
         )
     )
     register(

@@ -12,6 +12,7 @@ from django.db import connection
 from django_q.conf import Conf
 
 from cleanup.models import Chunk, Run
+from tests.engine_app.factories import AccountFactory, LeaseFactory
 from tests.factories import SeatHoldFactory, SectionFactory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,13 +36,24 @@ def expired_holds(section):
 
 
 @pytest.fixture
+def account(db):
+    return AccountFactory()
+
+
+@pytest.fixture
+def expired_leases(account):
+    """Five leases of one account that expired an hour ago (the engine's own tests)."""
+    return LeaseFactory.create_batch(5, account=account, expired=True)
+
+
+@pytest.fixture
 def dead_letter(expired_holds) -> Chunk:
     """A chunk dead-lettered for its message's unknown version, as the worker leaves it,
     with the queue emptied."""
     from django_q.models import OrmQ
 
-    from cleanup.dispatch import dispatch
-    from cleanup.worker import apply_chunk
+    from cleanup.engine.dispatch import dispatch
+    from cleanup.engine.worker import apply_chunk
 
     chunk = dispatch("expire-holds").run.chunks.get()
     apply_chunk({**chunk.message, "version": 99})
@@ -100,7 +112,7 @@ def q_sync(monkeypatch):
 
 @pytest.fixture
 def chunk_size():
-    """Shrink a policy's chunks for one test: ``chunk_size("expire-holds", 2)``; any
+    """Shrink a policy's chunks for one test: ``chunk_size("expire-leases", 2)``; any
     policy the test registers meanwhile is gone after it too."""
     from dataclasses import replace
 

@@ -72,7 +72,7 @@ def traceback_text(cause: str) -> str:
     """A worker's traceback ending in ``cause``, with PostgreSQL's context after it."""
     return (
         "Traceback (most recent call last):\n"
-        '  File "/srv/app/cleanup/worker.py", line 212, in apply_chunk\n'
+        '  File "/srv/app/cleanup/engine/worker.py", line 212, in apply_chunk\n'
         "    changed = policy.mutate(queryset)\n"
         '  File "/srv/app/.venv/lib/python3.12/site-packages/django/db/models/query.py", '
         "line 1195, in delete\n"

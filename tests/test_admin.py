@@ -12,10 +12,10 @@ from django.urls import reverse
 from django.utils import timezone
 from django_q.models import OrmQ, Schedule
 
-from cleanup.dispatch import dispatch
+from cleanup.engine.dispatch import dispatch, dispatch_in_process, preview_dispatch
+from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk, Run, ScheduleInstall
-from cleanup.schedules import install_schedules
-from cleanup.worker import apply_chunk
+from cleanup.scheduling.schedules import install_schedules
 from reservations.models import SeatHold
 from tests.factories import SeatHoldFactory
 
@@ -61,7 +61,7 @@ def test_run_list_shows_progress_counts_and_trigger(admin_client, dead_letter):
 
     page = admin_client.get(RUNS).content.decode()
 
-    assert '<progress value="0" max="1" style="width:4em"></progress> 0/1' in page
+    assert '<progress value="0" max="1"></progress> 0/1' in page
     assert "Replay of run" in page and str(dead_letter.run_id)[:8] in page
     # A short label in the list, the full state as its title.
     assert 'title="Completed with dead letters"' in page and ">Dead letters</span>" in page
@@ -327,7 +327,7 @@ def test_replay_view_of_unknown_run_redirects_with_a_message(admin_client):
 def test_schedule_rows_are_untouched_by_the_console(admin_client):
     install_schedules()
     admin_client.get(OVERVIEW)
-    assert Schedule.objects.count() == 10
+    assert Schedule.objects.count() == 11
 
 
 def test_a_run_still_planning_shows_how_far_it_has_got(admin_client, section, settings,
@@ -352,7 +352,7 @@ def test_the_preview_is_the_dispatch_dry_run_named_for_the_partition(admin_clien
     ReminderAttemptFactory.create_batch(3, tenant=tenant, stale=True)
     page = admin_client.post(DISPATCH, {"policy": "purge-reminder-attempts", "_preview": "1"})
 
-    dry = dispatch("purge-reminder-attempts", dry_run=True)
+    dry = preview_dispatch("purge-reminder-attempts")
     assert page.context["preview"] == dry.preview
     assert page.context["preview"].rows_by_partition == {tenant.pk: 3}
     assert "<th>Tenant</th>" in page.content.decode()
@@ -367,7 +367,7 @@ def test_an_update_run_shows_rows_updated_on_its_page_and_in_the_lists(admin_cli
 
     for n in range(2):  # reminders due a minute ago
         hold_seat(section.pk, f"learner-{n}", now=timezone.now() - timedelta(minutes=11))
-    run = dispatch("mark-reminders-ready", sync=True).run
+    run = dispatch_in_process("mark-reminders-ready").run
     page = admin_client.get(reverse("admin:cleanup_run_change", args=[run.pk])).content.decode()
     assert "<th>Rows updated</th>" in page and "<th>Rows deleted</th>" not in page
     assert '<th class="number">Updated</th>' in page

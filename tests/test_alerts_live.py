@@ -31,7 +31,7 @@ import psycopg
 import pytest
 from django.utils import timezone
 
-from cleanup.dispatch import dispatch
+from cleanup.engine.dispatch import dispatch
 from cleanup.models import Run, Slot
 from reservations.models import Reminder, SeatHold
 from reservations.services import hold_seat

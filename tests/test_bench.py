@@ -70,7 +70,7 @@ TOOLS = ["cleanup_bench", "cleanup_soak"]  # one guarded wipe for both
 @pytest.mark.parametrize("tool", TOOLS)
 def test_refuses_a_database_with_cleanup_schedules_and_changes_nothing(section, tool):
     SeatHoldFactory(section=section)
-    Schedule.objects.create(name="expire-holds", func="cleanup.schedules.dispatch_slot",
+    Schedule.objects.create(name="expire-holds", func="cleanup.scheduling.schedules.dispatch_slot",
                             schedule_type=Schedule.MINUTES, minutes=1)
     with pytest.raises(CommandError, match="cleanup schedules installed"):
         call_command(tool, "--noinput")

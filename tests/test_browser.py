@@ -22,9 +22,9 @@ from django.db import connections
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from cleanup.dispatch import dispatch
+from cleanup.engine.dispatch import dispatch, dispatch_in_process
+from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk
-from cleanup.worker import apply_chunk
 from reservations.models import SeatHold
 from reservations.services import hold_seat
 from tests.conftest import ROOT, subprocess_env, wait_for
@@ -173,8 +173,8 @@ def test_the_console_as_make_serve_serves_it_fits_a_laptop(browser_page, served)
     User.objects.create_superuser("operator", "op@example.com", "correct horse")
     section = SectionFactory(capacity=100)
     SeatHoldFactory.create_batch(3, section=section, expired=True)
-    finished = dispatch("expire-holds", key="finished", sync=True).run
-    dispatch("expire-holds", key="nothing", sync=True)  # found nothing: hidden by default
+    finished = dispatch_in_process("expire-holds", key="finished").run
+    dispatch_in_process("expire-holds", key="nothing")  # found nothing: hidden by default
     SeatHoldFactory.create_batch(3, section=section, expired=True)
     dead = dispatch("expire-holds", key="dead").run.chunks.get()
     apply_chunk({**dead.message, "version": 99})
@@ -234,7 +234,7 @@ def test_the_console_as_make_serve_serves_it_fits_a_laptop(browser_page, served)
     for n in range(3):
         hold_seat(section.pk, f"learner-{n}", now=timezone.now() - timedelta(minutes=11))
     hold_seat(section.pk, "not-due-yet")
-    marked = dispatch("mark-reminders-ready", sync=True).run
+    marked = dispatch_in_process("mark-reminders-ready").run
     page.goto(f"{served}/admin/cleanup/run/{marked.pk}/change/")
     totals = page.inner_text("#run-totals").lower()  # the admin's CSS capitalises headers
     assert "rows updated" in totals and "rows deleted" not in totals

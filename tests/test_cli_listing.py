@@ -12,10 +12,10 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django_q.models import OrmQ
 
-from cleanup.dispatch import dispatch
+from cleanup.engine.dispatch import dispatch
+from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk
-from cleanup.overview import overview
-from cleanup.worker import apply_chunk
+from cleanup.observability.overview import overview
 from reservations import seeding
 
 pytestmark = pytest.mark.django_db

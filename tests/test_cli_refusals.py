@@ -16,9 +16,9 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from cleanup.dispatch import dispatch
+from cleanup.engine.dispatch import dispatch
+from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk, Run
-from cleanup.worker import apply_chunk
 from tests.conftest import ROOT, subprocess_env
 from tests.factories import SeatHoldFactory
 

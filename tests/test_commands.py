@@ -13,8 +13,8 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 from django_q.models import OrmQ
 
+from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk, Run
-from cleanup.worker import apply_chunk
 from reservations.models import Reminder, ReminderAttempt, SeatHold
 
 pytestmark = pytest.mark.django_db
@@ -104,7 +104,7 @@ def test_status_json_reports_chunks_by_state_and_totals(expired_holds):
         "planned": 0, "enqueued": 0, "retrying": 0, "committed": 1, "acknowledged": 0,
         "dead_lettered": 0, "discarded": 0, "cancelled": 0, "total": 1,
     }
-    assert (status["rows_deleted"], status["noops"], status["deliveries"]) == (5, 1, 2)
+    assert (status["rows_deleted"], status["noop_deliveries"], status["deliveries"]) == (5, 1, 2)
 
 
 def test_status_of_unknown_run_fails(db):
@@ -174,6 +174,7 @@ def test_schedule_command_twice_changes_nothing(db):
         "cleanup:purge-cleanup-slots", "cleanup:purge-reminder-attempts",
         "cleanup:purge-task-results",
         "cleanup:send-reminders", "cleanup:reconcile", "cleanup:heartbeat",
+        "cleanup:fold-counters",
     ]
     assert second["unchanged"] == first["created"]
     assert second["created"] == second["updated"] == second["removed"] == []
@@ -241,7 +242,7 @@ def test_send_reminders_sends_the_ready_ones_and_says_why_others_were_not(sectio
 
 
 def test_a_host_task_with_a_bad_cron_is_refused():
-    from cleanup.schedules import register_task
+    from cleanup.scheduling.schedules import register_task
 
     with pytest.raises(ValueError, match="not a cron expression"):
         register_task("nightly", "myapp.tasks.nightly", "every night")

@@ -16,13 +16,13 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from cleanup.dispatch import dispatch
+from cleanup.engine.dispatch import dispatch
+from cleanup.engine.worker import Outcome, apply_chunk
 from cleanup.models import Chunk, Run
-from cleanup.worker import Outcome, apply_chunk
-from reservations.models import SeatHold
-from reservations.services import renew_hold
 from tests.conftest import wait_for
-from tests.factories import SeatHoldFactory, SectionFactory
+from tests.engine_app.factories import AccountFactory, LeaseFactory
+from tests.engine_app.models import Lease
+from tests.engine_app.services import renew_lease
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -72,10 +72,10 @@ def hold_lock_while(pk: int, ready: threading.Event, release: threading.Event, c
 
 @pytest.mark.parametrize("scheme", ["items", "range"])  # range: over the whole table
 def test_renewal_holding_the_row_lock_survives_a_waiting_delete(scheme):
-    hold = SeatHoldFactory(expired=True)
-    chunk = dispatch("expire-holds", scheme=scheme).run.chunks.get()
+    lease = LeaseFactory(expired=True)
+    chunk = dispatch("expire-leases", scheme=scheme).run.chunks.get()
     renewed, release = threading.Event(), threading.Event()
-    renewer = Worker(hold_lock_while, hold.pk, renewed, release, renew_hold)
+    renewer = Worker(hold_lock_while, lease.pk, renewed, release, renew_lease)
     renewer.start()
     assert renewed.wait(10)
 
@@ -86,17 +86,17 @@ def test_renewal_holding_the_row_lock_survives_a_waiting_delete(scheme):
 
     assert renewer.outcome() is None
     assert deleter.outcome() == Outcome.NOOP
-    assert SeatHold.objects.filter(pk=hold.pk).exists()
+    assert Lease.objects.filter(pk=lease.pk).exists()
     chunk.refresh_from_db()
     assert (chunk.state, chunk.rows_deleted, chunk.items_skipped) == ("committed", 0, 1)
 
 
 def test_subquery_delete_would_delete_the_renewed_hold():
     """Why the predicate must sit in the DELETE's own WHERE: the subquery is not re-checked."""
-    hold = SeatHoldFactory(expired=True)
-    table = SeatHold._meta.db_table
+    lease = LeaseFactory(expired=True)
+    table = Lease._meta.db_table
     renewed, release = threading.Event(), threading.Event()
-    renewer = Worker(hold_lock_while, hold.pk, renewed, release, renew_hold)
+    renewer = Worker(hold_lock_while, lease.pk, renewed, release, renew_lease)
     renewer.start()
     assert renewed.wait(10)
 
@@ -104,7 +104,7 @@ def test_subquery_delete_would_delete_the_renewed_hold():
         with connection.cursor() as cursor:
             cursor.execute(
                 f'DELETE FROM "{table}" WHERE id IN (SELECT id FROM "{table}" '
-                "WHERE status = 'held' AND expires_at <= now())"
+                "WHERE state = 'active' AND expires_at <= now())"
             )
             return cursor.rowcount
 
@@ -115,17 +115,17 @@ def test_subquery_delete_would_delete_the_renewed_hold():
 
     renewer.outcome()
     assert deleter.outcome() == 1
-    assert not SeatHold.objects.filter(pk=hold.pk).exists()
+    assert not Lease.objects.filter(pk=lease.pk).exists()
 
 
 def test_concurrent_deliveries_of_one_chunk_delete_and_count_each_row_once():
-    holds = SeatHoldFactory.create_batch(4, expired=True)
-    chunk = dispatch("expire-holds").run.chunks.get()
+    leases = LeaseFactory.create_batch(4, expired=True)
+    chunk = dispatch("expire-leases").run.chunks.get()
     locked, release = threading.Event(), threading.Event()
-    # A third connection holds one hold's row lock so the first delivery's DELETE
+    # A third connection holds one lease's row lock so the first delivery's DELETE
     # waits while the second delivery arrives.
-    blocker = Worker(hold_lock_while, holds[0].pk, locked, release,
-                     lambda pk: SeatHold.objects.select_for_update().get(pk=pk))
+    blocker = Worker(hold_lock_while, leases[0].pk, locked, release,
+                     lambda pk: Lease.objects.select_for_update().get(pk=pk))
     blocker.start()
     assert locked.wait(10)
 
@@ -141,16 +141,16 @@ def test_concurrent_deliveries_of_one_chunk_delete_and_count_each_row_once():
     assert outcomes == [Outcome.DELETED, Outcome.NOOP]
     chunk.refresh_from_db()
     assert (chunk.rows_deleted, chunk.deliveries, chunk.noop_deliveries) == (4, 2, 1)
-    assert SeatHold.objects.count() == 0
+    assert Lease.objects.count() == 0
 
 
 def test_lock_timeout_is_retried_inside_the_task(settings):
     settings.CLEANUP_LOCK_TIMEOUT_MS = 100
     settings.CLEANUP_TRANSIENT_RETRIES = 6
     settings.CLEANUP_TRANSIENT_BACKOFF = 0.05
-    hold = SeatHoldFactory(expired=True)
-    chunk = dispatch("expire-holds").run.chunks.get()
-    blocker, delivery, release = blocked_delivery(chunk, hold.pk)
+    lease = LeaseFactory(expired=True)
+    chunk = dispatch("expire-leases").run.chunks.get()
+    blocker, delivery, release = blocked_delivery(chunk, lease.pk)
     time.sleep(0.3)  # longer than the lock timeout: that attempt must fail
     release.set()
 
@@ -162,12 +162,12 @@ def test_lock_timeout_is_retried_inside_the_task(settings):
 
 
 def test_concurrent_dispatches_with_one_key_give_one_run():
-    SeatHoldFactory.create_batch(3, section=SectionFactory(), expired=True)
+    LeaseFactory.create_batch(3, account=AccountFactory(), expired=True)
     barrier = threading.Barrier(2)
 
     def dispatch_at_once():
         barrier.wait(10)
-        return dispatch("expire-holds", key="nightly-2026-11-29")
+        return dispatch("expire-leases", key="nightly-2026-11-29")
 
     racers = [Worker(dispatch_at_once) for _ in range(2)]
     for racer in racers:
@@ -181,11 +181,11 @@ def test_concurrent_dispatches_with_one_key_give_one_run():
     assert OrmQ.objects.count() == 1
 
 
-def blocked_delivery(chunk: Chunk, hold_pk: int):
-    """Start a delivery of ``chunk`` whose DELETE waits on ``hold_pk``'s row lock."""
+def blocked_delivery(chunk: Chunk, lease_pk: int):
+    """Start a delivery of ``chunk`` whose DELETE waits on ``lease_pk``'s row lock."""
     locked, release = threading.Event(), threading.Event()
-    blocker = Worker(hold_lock_while, hold_pk, locked, release,
-                     lambda pk: SeatHold.objects.select_for_update().get(pk=pk))
+    blocker = Worker(hold_lock_while, lease_pk, locked, release,
+                     lambda pk: Lease.objects.select_for_update().get(pk=pk))
     blocker.start()
     assert locked.wait(10)
     delivery = Worker(apply_chunk, chunk.message)
@@ -195,13 +195,13 @@ def blocked_delivery(chunk: Chunk, hold_pk: int):
 
 
 def test_replay_while_a_chunk_commits_does_not_deadlock(chunk_size):
-    from cleanup.replay import replay
+    from cleanup.engine.replay import replay
 
-    chunk_size("expire-holds", 1)
-    holds = SeatHoldFactory.create_batch(2, expired=True)
-    run = dispatch("expire-holds").run
+    chunk_size("expire-leases", 1)
+    leases = LeaseFactory.create_batch(2, expired=True)
+    run = dispatch("expire-leases").run
     first = run.chunks.get(chunk_id=1)
-    blocker, delivery, release = blocked_delivery(first, holds[0].pk)
+    blocker, delivery, release = blocked_delivery(first, leases[0].pk)
 
     replayed = Worker(replay, run.pk)
     replayed.start()
@@ -215,12 +215,12 @@ def test_replay_while_a_chunk_commits_does_not_deadlock(chunk_size):
 
 
 def test_cancel_while_a_chunk_commits_keeps_its_work_and_cancels_the_rest(chunk_size):
-    from cleanup.operations import cancel
+    from cleanup.engine.operations import cancel
 
-    chunk_size("expire-holds", 1)
-    holds = SeatHoldFactory.create_batch(2, expired=True)
-    run = dispatch("expire-holds").run
-    blocker, delivery, release = blocked_delivery(run.chunks.get(chunk_id=1), holds[0].pk)
+    chunk_size("expire-leases", 1)
+    leases = LeaseFactory.create_batch(2, expired=True)
+    run = dispatch("expire-leases").run
+    blocker, delivery, release = blocked_delivery(run.chunks.get(chunk_id=1), leases[0].pk)
 
     cancelling = Worker(cancel, [run.pk])
     cancelling.start()
@@ -232,7 +232,7 @@ def test_cancel_while_a_chunk_commits_keeps_its_work_and_cancels_the_rest(chunk_
     assert cancelling.outcome().done == 1
     states = dict(run.chunks.values_list("chunk_id", "state"))
     assert states == {1: "committed", 2: "cancelled"}
-    assert list(SeatHold.objects.values_list("pk", flat=True)) == [holds[1].pk]
+    assert list(Lease.objects.values_list("pk", flat=True)) == [leases[1].pk]
 
 
 def test_a_chunk_committing_while_the_ledger_purge_waits_is_never_lost_from_counters(
@@ -240,12 +240,12 @@ def test_a_chunk_committing_while_the_ledger_purge_waits_is_never_lost_from_coun
     """The interleaving that once took cleanup_rows_deleted_total from 100 to 80: the
     purge locks and sums its rows, waits on one lock, and meanwhile another chunk in its
     range commits. The DELETE must remove only what was summed."""
-    from cleanup.counters import all_sums
+    from cleanup.observability.counters import all_sums
     from cleanup.retention import PURGE_CHUNKS
 
-    chunk_size("expire-holds", 1)
-    holds = SeatHoldFactory.create_batch(3, expired=True)
-    run = dispatch("expire-holds").run
+    chunk_size("expire-leases", 1)
+    leases = LeaseFactory.create_batch(3, expired=True)
+    run = dispatch("expire-leases").run
     first, middle, last = run.chunks.order_by("pk")
     for done in (first, last):
         assert apply_chunk(done.message) == Outcome.DELETED
@@ -258,7 +258,7 @@ def test_a_chunk_committing_while_the_ledger_purge_waits_is_never_lost_from_coun
                     lambda pk: Chunk.objects.select_for_update().get(pk=pk))
     holder.start()
     assert locked_last.wait(10)
-    blocker, committing, release_hold = blocked_delivery(middle, holds[1].pk)
+    blocker, committing, release_hold = blocked_delivery(middle, leases[1].pk)
     purging = Worker(apply_chunk, purge.message)
     purging.start()
     wait_for(lambda: waiting_statements('SELECT "cleanup_chunk"."id"') == 1,
@@ -271,7 +271,7 @@ def test_a_chunk_committing_while_the_ledger_purge_waits_is_never_lost_from_coun
     holder.outcome()
     assert purging.outcome() == Outcome.DELETED
 
-    assert all_sums()["expire-holds"]["rows_deleted"] == 3
+    assert all_sums()["expire-leases"]["rows_deleted"] == 3
     assert list(Chunk.objects.filter(run=run).values_list("pk", "state")) == [
         (middle.pk, Chunk.State.COMMITTED)]
 
@@ -282,21 +282,21 @@ def test_slot_tasks_run_at_once_by_several_workers_make_one_run():
     from cleanup.models import Slot
     from cleanup.tasks import dispatch_scheduled
 
-    SeatHoldFactory.create_batch(3, expired=True)
+    LeaseFactory.create_batch(3, expired=True)
     slot = timezone.now().replace(second=0, microsecond=0)
     locked, release = threading.Event(), threading.Event()
 
     def hold_planning_lock():
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                           ["cleanup:expire-holds"])
+                           ["cleanup:expire-leases"])
             locked.set()
             assert release.wait(30)
 
     holder = Worker(hold_planning_lock)
     holder.start()
     assert locked.wait(10)
-    burst = [Worker(dispatch_scheduled, "expire-holds", (slot - timedelta(minutes=n)).isoformat())
+    burst = [Worker(dispatch_scheduled, "expire-leases", (slot - timedelta(minutes=n)).isoformat())
              for n in (1, 2, 3)]
     for worker in burst:
         worker.start()

@@ -11,12 +11,12 @@ from django.db import OperationalError
 from django.urls import reverse
 from django_q.models import OrmQ
 
-from cleanup.dispatch import dispatch
+from cleanup.engine.dispatch import dispatch
+from cleanup.engine.operations import ALL_CHUNKS
+from cleanup.engine.replay import replay
+from cleanup.engine.worker import apply_chunk
 from cleanup.exceptions import CleanupError
 from cleanup.models import Chunk, Run
-from cleanup.operations import ALL_CHUNKS
-from cleanup.replay import replay
-from cleanup.worker import apply_chunk
 from reservations.models import SeatHold
 from tests.factories import SeatHoldFactory
 

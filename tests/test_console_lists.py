@@ -136,7 +136,7 @@ def test_a_reminder_with_a_state_written_by_hand_shows_as_unknown(admin_client, 
 
 @pytest.mark.django_db
 def test_runs_and_chunks_with_states_written_by_hand_show_as_unknown(admin_client, section):
-    from cleanup.dispatch import dispatch
+    from cleanup.engine.dispatch import dispatch
 
     SeatHoldFactory.create_batch(2, section=section, expired=True)
     run = dispatch("expire-holds").run
@@ -153,7 +153,7 @@ def test_runs_and_chunks_with_states_written_by_hand_show_as_unknown(admin_clien
 
 
 def test_every_badge_state_has_a_colour_in_the_stylesheet():
-    from cleanup.admin import SLOT_OUTCOMES, STATE_COLOURS
+    from cleanup.console.badges import SLOT_OUTCOMES, STATE_COLOURS
     from cleanup.models import Run, Slot
     from reservations.admin import HOLD_BADGES, REMINDER_BADGES
     from reservations.models import Reminder, SeatHold

@@ -8,10 +8,10 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from cleanup import health
-from cleanup.dispatch import dispatch
+from cleanup.engine.dispatch import dispatch
 from cleanup.models import Chunk, ScheduleInstall
-from cleanup.schedules import install_schedules
+from cleanup.observability import health
+from cleanup.scheduling.schedules import install_schedules
 from reservations.models import SeatHold
 from tests.factories import SeatHoldFactory
 

@@ -10,83 +10,82 @@ from django.db import connection
 from django.db.models import Q
 from django.urls import reverse
 
-from cleanup.dispatch import dispatch
+from cleanup.engine.dispatch import dispatch, dispatch_in_process
+from cleanup.engine.worker import Outcome, apply_chunk
 from cleanup.models import Chunk, OrphanMessage
 from cleanup.policies import ITEMS, get_policy, register
-from cleanup.worker import Outcome, apply_chunk
-from reservations.models import SeatHold
-from tests.factories import SeatHoldFactory
-from tests.test_metrics import HOLDS, scrape, value
+from tests.engine_app.factories import LeaseFactory
+from tests.engine_app.models import Lease
+from tests.test_metrics import scrape, value
 
 pytestmark = pytest.mark.django_db
 
-# What the column holds, and whether the hold is eligible at a cutoff of now.
+# What the column holds, and whether the lease is eligible at a cutoff of now.
 EXPIRIES = {"-infinity": True, "4713-01-01 00:00:00+00 BC": True,
             "infinity": False, "294276-12-31 00:00:00+00": False}
 
 
 @pytest.fixture
-def odd_holds(section):
-    holds = {}
+def odd_leases(account):
+    leases = {}
     for expiry in EXPIRIES:
-        hold = SeatHoldFactory(section=section)
+        lease = LeaseFactory(account=account)
         with connection.cursor() as cursor:
             cursor.execute(
-                f"UPDATE {SeatHold._meta.db_table} SET expires_at = %s::timestamptz "
-                "WHERE id = %s", [expiry, hold.pk])
-        holds[expiry] = hold.pk
-    return holds
+                f"UPDATE {Lease._meta.db_table} SET expires_at = %s::timestamptz "
+                "WHERE id = %s", [expiry, lease.pk])
+        leases[expiry] = lease.pk
+    return leases
 
 
 @pytest.mark.parametrize("scheme", ["items", "range"])
-def test_infinite_and_bc_expiries_are_eligible_by_the_predicate_alone(odd_holds, scheme):
-    run = dispatch("expire-holds", scheme=scheme, sync=True).run
+def test_infinite_and_bc_expiries_are_eligible_by_the_predicate_alone(odd_leases, scheme):
+    run = dispatch_in_process("expire-leases", scheme=scheme).run
 
     assert (run.state, run.candidates) == ("completed", 2)
-    left = set(SeatHold.objects.values_list("pk", flat=True))
-    assert left == {pk for expiry, pk in odd_holds.items() if not EXPIRIES[expiry]}
+    left = set(Lease.objects.values_list("pk", flat=True))
+    assert left == {pk for expiry, pk in odd_leases.items() if not EXPIRIES[expiry]}
 
 
-def test_items_messages_carry_what_postgresql_reads_back_exactly(odd_holds):
-    chunk = dispatch("expire-holds").run.chunks.get()
+def test_items_messages_carry_what_postgresql_reads_back_exactly(odd_leases):
+    chunk = dispatch("expire-leases").run.chunks.get()
     assert sorted(observed for _, observed in chunk.message["items"]) == [
         "-infinity", "4713-01-01 00:00:00+00 BC"]
     assert apply_chunk(chunk.message) == Outcome.DELETED
     assert apply_chunk(chunk.message) == Outcome.NOOP
 
 
-def test_metrics_and_the_admin_read_infinite_expiries(client, admin_client, odd_holds):
+def test_metrics_and_the_admin_read_infinite_expiries(client, admin_client, odd_leases):
     samples = scrape(client)
-    assert value(samples, "cleanup_oldest_eligible_age_seconds", **HOLDS) > 60e9  # since year 1
-    for url in (reverse("admin:reservations_seathold_changelist"),
-                reverse("admin:reservations_seathold_change", args=[odd_holds["-infinity"]]),
-                reverse("admin:cleanup_cleanupoverview_changelist")):
-        assert admin_client.get(url).status_code == 200, url
+    assert value(samples, "cleanup_oldest_eligible_age_seconds",
+                 policy="expire-leases") > 60e9  # since year 1
+    url = reverse("admin:cleanup_cleanupoverview_changelist")
+    assert admin_client.get(url).status_code == 200, url
 
 
 @pytest.fixture
 def nullable_policy(chunk_size):
     """Discarded chunks, observed by their (empty) committed_at: a nullable column."""
-    return register(replace(get_policy("expire-holds"), name="discarded-chunks",
+    return register(replace(get_policy("expire-leases"), name="discarded-chunks",
                             model_label="cleanup.Chunk", observed_field="committed_at",
                             partition_field="run", scheme=ITEMS, derive=None,
                             eligible=lambda cutoff: Q(state=Chunk.State.DISCARDED)))
 
 
 def test_rows_whose_observed_value_is_null_are_planned_and_deleted(nullable_policy,
-                                                                   expired_holds):
-    holds_run = dispatch("expire-holds", scheme="range").run
-    Chunk.objects.filter(run=holds_run).update(state=Chunk.State.DISCARDED)
+                                                                   expired_leases):
+    leases_run = dispatch("expire-leases", scheme="range").run
+    Chunk.objects.filter(run=leases_run).update(state=Chunk.State.DISCARDED)
     doomed = set(Chunk.objects.values_list("pk", flat=True))
 
-    run = dispatch("discarded-chunks", sync=True).run
+    run = dispatch_in_process("discarded-chunks").run
 
     assert run.chunks.get().message["items"] == [[pk, None] for pk in sorted(doomed)]
     assert not Chunk.objects.filter(pk__in=doomed).exists()
 
 
-def test_a_malformed_message_naming_a_finished_chunk_is_kept_and_logged(expired_holds, caplog):
-    chunk = dispatch("expire-holds").run.chunks.get()
+def test_a_malformed_message_naming_a_finished_chunk_is_kept_and_logged(expired_leases, caplog):
+    chunk = dispatch("expire-leases").run.chunks.get()
     apply_chunk(chunk.message)
     malformed = {**chunk.message, "version": 99}
 

@@ -8,8 +8,8 @@ import pytest
 from django.db import connection
 
 from cleanup.expressions import ObservedText, array_literal
-from reservations.models import SeatHold
-from tests.factories import SeatHoldFactory
+from tests.engine_app.factories import LeaseFactory
+from tests.engine_app.models import Lease
 
 pytestmark = pytest.mark.django_db
 
@@ -34,9 +34,9 @@ def test_array_literal_sends_none_as_null():
     datetime(2026, 11, 29, 23, 22, 51, 315630, tzinfo=UTC),
     datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),  # no microseconds
 ])
-def test_iso_timestamp_text_parses_back_to_the_stored_instant(section, moment):
-    hold = SeatHoldFactory(section=section, expires_at=moment)
-    (text,) = SeatHold.objects.filter(pk=hold.pk).values_list(
+def test_iso_timestamp_text_parses_back_to_the_stored_instant(account, moment):
+    lease = LeaseFactory(account=account, expires_at=moment)
+    (text,) = Lease.objects.filter(pk=lease.pk).values_list(
         ObservedText("expires_at"), flat=True)
     assert datetime.fromisoformat(text) == moment
-    assert SeatHold.objects.filter(pk=hold.pk, expires_at=text).exists()
+    assert Lease.objects.filter(pk=lease.pk, expires_at=text).exists()

@@ -10,11 +10,11 @@ import pytest
 from django.core.management import call_command
 from django.urls import reverse
 
-from cleanup import frontier
-from cleanup.dispatch import dispatch
+from cleanup.engine import frontier
+from cleanup.engine.dispatch import dispatch
+from cleanup.engine.window import top_up_now
 from cleanup.models import Run
-from cleanup.window import top_up_now
-from tests.factories import SeatHoldFactory
+from tests.engine_app.factories import LeaseFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -47,20 +47,20 @@ def test_a_shape_the_engine_never_writes_is_refused_by_name(stored):
 
 
 @pytest.mark.parametrize("scheme", ["items", "range"])
-def test_what_a_real_run_stores_loads(section, chunk_size, scheme):
-    chunk_size("expire-holds", 2)
-    SeatHoldFactory.create_batch(9, section=section, expired=True)
-    run = dispatch("expire-holds", scheme=scheme).run
+def test_what_a_real_run_stores_loads(account, chunk_size, scheme):
+    chunk_size("expire-leases", 2)
+    LeaseFactory.create_batch(9, account=account, expired=True)
+    run = dispatch("expire-leases", scheme=scheme).run
     run.refresh_from_db()
     assert run.frontier is not None  # still planning: more than a window of chunks
     assert frontier.dump(frontier.load(run.frontier)) == run.frontier
 
 
 @pytest.fixture
-def run_with_a_bad_frontier(section, chunk_size):
-    chunk_size("expire-holds", 2)
-    SeatHoldFactory.create_batch(12, section=section, expired=True)
-    run = dispatch("expire-holds", scheme="items").run
+def run_with_a_bad_frontier(account, chunk_size):
+    chunk_size("expire-leases", 2)
+    LeaseFactory.create_batch(12, account=account, expired=True)
+    run = dispatch("expire-leases", scheme="items").run
     Run.objects.filter(pk=run.pk).update(frontier={"after": 5})
     return run
 
@@ -91,7 +91,7 @@ def test_a_bad_frontier_stops_that_run_planning_with_its_reason(run_with_a_bad_f
     run = run_with_a_bad_frontier
     run.chunks.update(state="committed")
 
-    top_up_now("expire-holds")
+    top_up_now("expire-leases")
 
     run.refresh_from_db()
     assert "is not one the engine writes" in run.planning_error

@@ -7,12 +7,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cleanup.dispatch import dispatch
-from cleanup.messages import ChunkMessage, parse
+from cleanup.engine.dispatch import dispatch
+from cleanup.engine.messages import ChunkMessage, parse
+from cleanup.engine.worker import Outcome, apply_chunk
 from cleanup.models import Chunk, OrphanMessage
-from cleanup.worker import Outcome, apply_chunk
-from reservations.models import SeatHold
-from tests.factories import SeatHoldFactory
+from tests.engine_app.factories import LeaseFactory
+from tests.engine_app.models import Lease
 
 pytestmark = pytest.mark.django_db
 
@@ -34,8 +34,8 @@ def test_arbitrary_input_is_dead_lettered_never_raised(raw):
 
 @pytest.fixture
 def planned():
-    SeatHoldFactory.create_batch(2, expired=True)
-    return dispatch("expire-holds").run.chunks.get()
+    LeaseFactory.create_batch(2, expired=True)
+    return dispatch("expire-leases").run.chunks.get()
 
 
 @FUZZ
@@ -60,4 +60,4 @@ def test_near_miss_messages_validate_or_are_dead_lettered(planned, key, replacem
         assert outcome == Outcome.DEAD_LETTERED
     chunk = Chunk.objects.get(pk=planned.pk)
     assert chunk.state != Chunk.State.RETRYING  # nothing is left to retry forever
-    assert SeatHold.objects.count() in (0, 2)
+    assert Lease.objects.count() in (0, 2)

@@ -14,9 +14,9 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from django_q.conf import Conf
 
-from cleanup import health
-from cleanup.health import beat
 from cleanup.models import WorkerHeartbeat
+from cleanup.observability import health
+from cleanup.observability.health import beat
 from tests.test_metrics import scrape, value
 
 pytestmark = pytest.mark.django_db

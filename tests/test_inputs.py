@@ -17,12 +17,12 @@ from django_q.models import OrmQ
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from cleanup.metrics import ledger_collector
 from cleanup.models import Run
-from cleanup.overview import overview
-from cleanup.status import run_summary
+from cleanup.observability.metrics import ledger_collector
+from cleanup.observability.overview import overview
+from cleanup.observability.status import run_summary
 from tests.conftest import ROOT, subprocess_env
-from tests.factories import SeatHoldFactory, TenantFactory
+from tests.engine_app.factories import LeaseFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -55,16 +55,16 @@ def everything_reads_back() -> None:
     ("9999-12-31T23:00:00-05:00", "after year 9999 in UTC"),
 ])
 def test_a_cutoff_postgresql_cannot_hold_is_refused_and_nothing_written(
-        expired_holds, cutoff, error):
+        expired_leases, cutoff, error):
     with pytest.raises(CommandError, match=error) as refused:
-        command("cleanup_dispatch", "--policy", "expire-holds", "--cutoff", cutoff)
+        command("cleanup_dispatch", "--policy", "expire-leases", "--cutoff", cutoff)
     assert "\n" not in str(refused.value)
     assert written() == (0, 0)
 
 
-def test_a_year_1_cutoff_in_utc_is_accepted_and_every_page_still_reads(admin_client, section):
-    SeatHoldFactory(section=section, expired=True)
-    result = command("cleanup_dispatch", "--policy", "expire-holds", "--cutoff",
+def test_a_year_1_cutoff_in_utc_is_accepted_and_every_page_still_reads(admin_client, account):
+    LeaseFactory(account=account, expired=True)
+    result = command("cleanup_dispatch", "--policy", "expire-leases", "--cutoff",
                      "0001-01-01T00:00:00+00:00")
     assert result["cutoff"] == "0001-01-01T00:00:00.000000+00:00"
     everything_reads_back()
@@ -94,7 +94,7 @@ cutoff_texts = st.one_of(
 @settings(max_examples=120, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=cutoff_texts,
-       policy=st.sampled_from(["expire-holds", "purge-reminder-attempts", "purge-cleanup-runs"]))
+       policy=st.sampled_from(["expire-leases", "purge-lease-logs", "purge-cleanup-runs"]))
 def test_any_cutoff_text_is_refused_cleanly_or_makes_a_run_that_reads_back(db, text, policy):
     before = written()
     try:
@@ -112,20 +112,20 @@ def test_any_cutoff_text_is_refused_cleanly_or_makes_a_run_that_reads_back(db, t
 
 
 @pytest.mark.parametrize("args, error", [
-    (["cleanup_dispatch", "--policy", "expire-holds", "--key", ""], "dispatch key is empty"),
-    (["cleanup_dispatch", "--policy", "expire-holds", "--key", "k" * 300], "limit is 255"),
-    (["cleanup_dispatch", "--policy", "expire-holds", "--cutoff", " "], "cutoff is empty"),
+    (["cleanup_dispatch", "--policy", "expire-leases", "--key", ""], "dispatch key is empty"),
+    (["cleanup_dispatch", "--policy", "expire-leases", "--key", "k" * 300], "limit is 255"),
+    (["cleanup_dispatch", "--policy", "expire-leases", "--cutoff", " "], "cutoff is empty"),
     (["cleanup_status", "--run", ""], "run id is empty"),
     (["cleanup_replay", ""], "run id is empty"),
 ])
-def test_empty_or_overlong_values_are_refused_not_read_as_defaults(expired_holds, args, error):
+def test_empty_or_overlong_values_are_refused_not_read_as_defaults(expired_leases, args, error):
     with pytest.raises(CommandError, match=error):
         command(*args)
     assert written() == (0, 0)
 
 
-def test_one_instant_written_with_two_offsets_is_one_replay(expired_holds):
-    run_id = command("cleanup_dispatch", "--policy", "expire-holds", "--sync")["run_id"]
+def test_one_instant_written_with_two_offsets_is_one_replay(expired_leases):
+    run_id = command("cleanup_dispatch", "--policy", "expire-leases", "--sync")["run_id"]
     later = django_timezone.now()
     first = command("cleanup_replay", run_id, "--new-cutoff", later.isoformat())
     second = command("cleanup_replay", run_id, "--new-cutoff",
@@ -135,10 +135,10 @@ def test_one_instant_written_with_two_offsets_is_one_replay(expired_holds):
     assert Run.objects.count() == 2
 
 
-def test_sync_dispatch_prints_the_state_the_run_ended_in(expired_holds):
-    result = command("cleanup_dispatch", "--policy", "expire-holds", "--sync")
+def test_sync_dispatch_prints_the_state_the_run_ended_in(expired_leases):
+    result = command("cleanup_dispatch", "--policy", "expire-leases", "--sync")
     assert result["state"] == Run.State.COMPLETED
-    again = command("cleanup_dispatch", "--policy", "expire-holds", "--sync", "--key", "k")
+    again = command("cleanup_dispatch", "--policy", "expire-leases", "--sync", "--key", "k")
     assert again["state"] == Run.State.COMPLETED
 
 
@@ -148,37 +148,25 @@ def test_range_chunks_on_a_uuid_key_are_refused_at_dispatch(db):
     assert written() == (0, 0)
 
 
-def test_the_admin_confirmation_key_names_one_request(admin_client, expired_holds):
+def test_the_admin_confirmation_key_names_one_request(admin_client, expired_leases):
     url = reverse("admin:cleanup_run_dispatch")
-    page = admin_client.post(url, {"policy": "expire-holds", "_preview": "1"})
+    page = admin_client.post(url, {"policy": "expire-leases", "_preview": "1"})
     form = {"cutoff": page.context["preview_cutoff"], "confirm_key": page.context["confirm_key"],
             "_confirm": "1"}
-    admin_client.post(url, {**form, "policy": "expire-holds"})
+    admin_client.post(url, {**form, "policy": "expire-leases"})
 
-    reused = admin_client.post(url, {**form, "policy": "purge-reminder-attempts"})
+    reused = admin_client.post(url, {**form, "policy": "purge-lease-logs"})
     assert "belongs to run" in reused.content.decode()
     assert Run.objects.count() == 1
 
 
-def test_the_admin_refuses_a_cutoff_postgresql_cannot_hold(admin_client, expired_holds):
+def test_the_admin_refuses_a_cutoff_postgresql_cannot_hold(admin_client, expired_leases):
     url = reverse("admin:cleanup_run_dispatch")
-    page = admin_client.post(url, {"policy": "expire-holds", "_confirm": "1",
+    page = admin_client.post(url, {"policy": "expire-leases", "_confirm": "1",
                                    "cutoff": "0001-01-01T00:00:00+05:45",
                                    "confirm_key": "00000000-0000-0000-0000-000000000000"})
     assert "before year 1 in UTC" in page.content.decode()
     assert written() == (0, 0)
-
-
-def test_seeding_again_after_a_tenant_was_deleted_picks_free_names(db):
-    seed = ["seed_reservations", "--tenants", "2", "--expired", "1", "--active", "1"]
-    call_command(*seed, stdout=StringIO())
-    TenantFactory(name="Institution 4")
-    from reservations.models import Tenant
-
-    Tenant.objects.filter(name="Institution 1").delete()
-    call_command(*seed, stdout=StringIO())
-    assert sorted(Tenant.objects.values_list("name", flat=True)) == [
-        "Institution 1", "Institution 2", "Institution 3", "Institution 4"]
 
 
 @pytest.mark.parametrize("env, error", [

@@ -16,11 +16,11 @@ import pytest
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from cleanup.admin import STATE_COLOURS
-from cleanup.dispatch import dispatch
+from cleanup.console.badges import STATE_COLOURS
+from cleanup.engine.dispatch import dispatch, dispatch_in_process
+from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk, ScheduleInstall
-from cleanup.schedules import install_schedules
-from cleanup.worker import apply_chunk
+from cleanup.scheduling.schedules import install_schedules
 from config.logs import logging_config
 from reservations.services import renew_hold
 from tests.conftest import ROOT, wait_for
@@ -132,7 +132,7 @@ def test_metrics_refuse_clients_outside_the_allowed_networks(client, settings):
 def test_multiprocess_mode_still_serves_the_ledger_figures(client, monkeypatch, tmp_path,
                                                            expired_holds):
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
-    dispatch("expire-holds", sync=True)
+    dispatch_in_process("expire-holds")
     assert value(scrape(client), "cleanup_rows_deleted_total", **HOLDS) == 5
 
 
@@ -219,7 +219,7 @@ def test_an_update_policy_counts_rows_updated_and_changed_and_no_rows_deleted(cl
     for n in range(3):  # each reminder due two minutes ago, its hold not yet expired
         hold_seat(section.pk, f"learner-{n}", now=timezone.now() - timedelta(minutes=13))
     before = scrape(client)
-    dispatch("mark-reminders-ready", sync=True)
+    dispatch_in_process("mark-reminders-ready")
     after = scrape(client)
     marks = {"policy": "mark-reminders-ready"}
     assert delta(before, after, "cleanup_rows_updated_total", **marks) == 3
@@ -228,7 +228,7 @@ def test_an_update_policy_counts_rows_updated_and_changed_and_no_rows_deleted(cl
     assert delta(before, after, "cleanup_chunk_rows_sum", **marks) == 3
     # A delete policy's rows changed are its rows deleted.
     SeatHoldFactory.create_batch(2, section=section, expired=True)
-    dispatch("expire-holds", sync=True)
+    dispatch_in_process("expire-holds")
     later = scrape(client)
     assert delta(after, later, "cleanup_rows_changed_total", **HOLDS) == 2
     assert delta(after, later, "cleanup_rows_deleted_total", **HOLDS) == 2
@@ -251,7 +251,7 @@ def test_the_reminder_backlog_shows_due_unsent_reminders_by_state_and_age(client
     # Minutely marking and sending, plus the 120-second scheduler grace.
     assert value(samples, "reservations_reminder_late_limit_seconds") == 240
 
-    dispatch("mark-reminders-ready", sync=True)
+    dispatch_in_process("mark-reminders-ready")
     samples = scrape(client)
     assert value(samples, "reservations_reminders_due_unsent", **pending) == 0
     assert value(samples, "reservations_reminders_due_unsent", **ready) == 2

@@ -11,10 +11,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from cleanup import backlog as backlog_module
-from cleanup.backlog import BUDGET_MS, Budget, backlogs
-from cleanup.dispatch import dispatch
-from cleanup.overview import policy_overview
+from cleanup.engine.dispatch import dispatch
+from cleanup.observability import backlog as backlog_module
+from cleanup.observability.backlog import BUDGET_MS, Budget, backlogs
+from cleanup.observability.overview import policy_overview
 from cleanup.policies import get_policy
 from reservations.models import SeatHold
 from tests.factories import SeatHoldFactory

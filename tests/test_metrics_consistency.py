@@ -110,11 +110,11 @@ def test_the_scrapes_schedule_statuses_are_the_overviews(client):
 
     from django.utils import timezone
 
-    from cleanup.metrics import schedule_statuses
     from cleanup.models import ScheduleInstall, Slot
-    from cleanup.overview import schedule_status
+    from cleanup.observability.metrics import schedule_statuses
+    from cleanup.observability.overview import schedule_status
     from cleanup.policies import all_policies
-    from cleanup.schedules import install_schedules
+    from cleanup.scheduling.schedules import install_schedules
 
     install_schedules()
     now = timezone.now()

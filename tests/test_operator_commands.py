@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django_q.models import OrmQ
 
-from cleanup.dispatch import dispatch
+from cleanup.engine.dispatch import dispatch, dispatch_in_process
 from cleanup.models import Chunk, Run
 from tests.factories import SeatHoldFactory
 
@@ -137,8 +137,8 @@ def test_runs_lists_recent_runs_with_filters_and_says_when_there_are_none(expire
     call_command("cleanup_runs", stdout=out)
     assert out.getvalue().strip() == "No runs yet: nothing has been dispatched."
 
-    worked = dispatch("expire-holds", sync=True).run
-    idle = dispatch("expire-holds", sync=True).run  # found nothing
+    worked = dispatch_in_process("expire-holds").run
+    idle = dispatch_in_process("expire-holds").run  # found nothing
 
     listed = run_json("cleanup_runs")
     assert [r["run_id"] for r in listed["runs"]] == [str(idle.pk), str(worked.pk)]
@@ -165,9 +165,9 @@ def test_commands_speak_of_rows_updated_for_an_update_policy(section):
 
     for n in range(3):  # reminders due a minute ago
         hold_seat(section.pk, f"learner-{n}", now=timezone.now() - timedelta(minutes=11))
-    marked = dispatch("mark-reminders-ready", sync=True).run
+    marked = dispatch_in_process("mark-reminders-ready").run
     SeatHoldFactory.create_batch(2, section=section, expired=True)
-    expired = dispatch("expire-holds", sync=True).run
+    expired = dispatch_in_process("expire-holds").run
 
     status = run_json("cleanup_status", str(marked.pk))
     assert (status["mutation"], status["rows_changed"], status["rows_updated"],

@@ -1,5 +1,5 @@
 """The streaming planner, walked from a run's span to its end, covers every eligible row
-exactly once: ranges (per tenant and over the whole table) in order without overlap and
+exactly once: ranges (per account and over the whole table) in order without overlap and
 none wider than the cap, items as keyset pages; nothing beyond the span is planned."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cleanup.frontier import NextId
-from cleanup.planning import next_chunk, span
+from cleanup.engine.frontier import NextId
+from cleanup.engine.planning import next_chunk, span
 from cleanup.policies import ITEMS, RANGE, get_policy
-from reservations.models import ReminderAttempt, SeatHold, Tenant
-from tests.factories import SectionFactory
+from tests.engine_app.factories import AccountFactory
+from tests.engine_app.models import Account, Lease, LeaseLog
 
 pytestmark = pytest.mark.django_db
 
@@ -54,28 +54,28 @@ def check_ranges(ranges, ids, size, max_span):
     size=st.integers(1, 7),
     max_span=st.one_of(st.none(), st.integers(1, 40)),
 )
-def test_ranges_per_tenant_cover_eligible_ids_once_within_their_bounds(rows, size, max_span):
-    policy = get_policy("purge-reminder-attempts")
+def test_ranges_per_account_cover_eligible_ids_once_within_their_bounds(rows, size, max_span):
+    policy = get_policy("purge-lease-logs")
     now = timezone.now()
-    ReminderAttempt.objects.all().delete()
-    tenants = [Tenant.objects.get_or_create(name=f"T{i}")[0] for i in range(3)]
-    ReminderAttempt.objects.bulk_create(
-        ReminderAttempt(tenant=tenants[t], hold_id=0, learner_ref="x",
-                        sent_at=now - timedelta(days=90 if stale else 1))
-        for t, stale in rows
+    LeaseLog.objects.all().delete()
+    accounts = [Account.objects.get_or_create(name=f"A{i}")[0] for i in range(3)]
+    LeaseLog.objects.bulk_create(
+        LeaseLog(account=accounts[a], lease_id=0,
+                 recorded_at=now - timedelta(days=90 if stale else 1))
+        for a, stale in rows
     )
     eligible = {}
-    for attempt in policy.eligible_rows(policy.freeze(now)).order_by("pk"):
-        eligible.setdefault(attempt.tenant_id, []).append(attempt.pk)
+    for log in policy.eligible_rows(policy.freeze(now)).order_by("pk"):
+        eligible.setdefault(log.account_id, []).append(log.pk)
 
     chunks = walk(policy, policy.freeze(now), RANGE, size, max_span)
 
-    by_tenant = {}
+    by_account = {}
     for chunk in chunks:
-        by_tenant.setdefault(chunk.partition, []).append(chunk)
-    assert list(by_tenant) == sorted(eligible)  # tenant after tenant
-    for tenant, ranges in by_tenant.items():
-        check_ranges(ranges, eligible[tenant], size, max_span)
+        by_account.setdefault(chunk.partition, []).append(chunk)
+    assert list(by_account) == sorted(eligible)  # account after account
+    for account, ranges in by_account.items():
+        check_ranges(ranges, eligible[account], size, max_span)
 
 
 @settings(max_examples=60, deadline=None,
@@ -86,13 +86,13 @@ def test_ranges_per_tenant_cover_eligible_ids_once_within_their_bounds(rows, siz
     max_span=st.one_of(st.none(), st.integers(1, 60)),
 )
 def test_ranges_over_the_whole_table_cover_eligible_ids_once(expired, size, max_span):
-    policy = get_policy("expire-holds")
+    policy = get_policy("expire-leases")
     now = timezone.now()
-    SeatHold.objects.all().delete()
-    section = SectionFactory(capacity=100)
-    SeatHold.objects.bulk_create(
-        SeatHold(tenant_id=section.tenant_id, section=section, learner_ref=f"l{i}",
-                 status="held", expires_at=now + timedelta(minutes=-5 if gone else 5))
+    Lease.objects.all().delete()
+    account = AccountFactory()
+    Lease.objects.bulk_create(
+        Lease(account=account, holder=f"h{i}", state="active",
+              expires_at=now + timedelta(minutes=-5 if gone else 5))
         for i, gone in enumerate(expired)
     )
     ids = list(policy.eligible_rows(policy.freeze(now)).order_by("pk")
@@ -104,15 +104,14 @@ def test_ranges_over_the_whole_table_cover_eligible_ids_once(expired, size, max_
     check_ranges(chunks, ids, size, max_span)
 
 
-def test_rows_inserted_after_dispatch_lie_beyond_the_span(section):
-    policy = get_policy("expire-holds")
+def test_rows_inserted_after_dispatch_lie_beyond_the_span(account):
+    policy = get_policy("expire-leases")
     now = timezone.now()
-    before = SeatHold.objects.create(tenant_id=section.tenant_id, section=section,
-                                     learner_ref="a", expires_at=now - timedelta(minutes=1))
+    before = Lease.objects.create(account=account, holder="a",
+                                  expires_at=now - timedelta(minutes=1))
     frozen = policy.freeze(now)
     planned = span(policy, frozen, RANGE)
-    SeatHold.objects.create(tenant_id=section.tenant_id, section=section, learner_ref="b",
-                            expires_at=now - timedelta(minutes=1))
+    Lease.objects.create(account=account, holder="b", expires_at=now - timedelta(minutes=1))
 
     # A full chunk of one row: the frontier stays open after it.
     chunk, frontier = next_chunk(policy, frozen, RANGE, planned.frontier, 1,
@@ -129,13 +128,13 @@ def test_rows_inserted_after_dispatch_lie_beyond_the_span(section):
     size=st.integers(1, 9),
 )
 def test_items_pages_cover_eligible_rows_once_in_expiry_order(minutes, size):
-    policy = get_policy("expire-holds")
+    policy = get_policy("expire-leases")
     now = timezone.now()
-    SeatHold.objects.all().delete()
-    section = SectionFactory(capacity=100)
-    SeatHold.objects.bulk_create(
-        SeatHold(tenant_id=section.tenant_id, section=section, learner_ref=f"l{i}",
-                 status="held", expires_at=now + timedelta(minutes=m))
+    Lease.objects.all().delete()
+    account = AccountFactory()
+    Lease.objects.bulk_create(
+        Lease(account=account, holder=f"h{i}", state="active",
+              expires_at=now + timedelta(minutes=m))
         for i, m in enumerate(minutes)
     )
     expected = list(policy.eligible_rows(policy.freeze(now)).order_by("expires_at", "pk")
@@ -148,5 +147,5 @@ def test_items_pages_cover_eligible_rows_once_in_expiry_order(minutes, size):
 
 
 def test_an_empty_table_has_no_span(db):
-    policy = get_policy("expire-holds")
+    policy = get_policy("expire-leases")
     assert span(policy, policy.freeze(timezone.now()), RANGE).frontier is None

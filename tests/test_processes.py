@@ -15,9 +15,9 @@ import sys
 import pytest
 from django_q.models import OrmQ
 
-from cleanup.dispatch import dispatch
+from cleanup.engine.dispatch import dispatch
+from cleanup.engine.worker import Outcome, apply_chunk
 from cleanup.models import Chunk, Run
-from cleanup.worker import Outcome, apply_chunk
 from reservations.models import SeatHold
 from tests.conftest import ROOT, manage, subprocess_env, wait_for
 from tests.factories import ReminderAttemptFactory, SeatHoldFactory, SectionFactory
@@ -84,7 +84,7 @@ KILL_MID_CHUNK = """
 import json, os, signal, sys
 import django
 django.setup()
-from cleanup import transitions, worker
+from cleanup.engine import transitions, worker
 
 def die_before_commit(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)

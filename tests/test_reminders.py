@@ -26,10 +26,10 @@ from django.utils import timezone
 
 from cleanup import faults
 from cleanup.checks import check_policies
-from cleanup.dispatch import dispatch
+from cleanup.engine.dispatch import dispatch
+from cleanup.engine.worker import Outcome, apply_chunk
 from cleanup.models import Chunk
 from cleanup.policies import get_policy, registered
-from cleanup.worker import Outcome, apply_chunk
 from reservations.conf import conf
 from reservations.models import Reminder, ReminderAttempt, SeatHold
 from reservations.policies import EXPIRE_HOLDS, MARK_REMINDERS_READY, expired_holds

@@ -1,16 +1,28 @@
-"""The product's services, including the renewal race cleanup must respect."""
+"""The product's services, including the renewal race cleanup must respect, and the
+product's own cleanup policies (the engine's rules are pinned on tests/engine_app)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.urls import reverse
 from django.utils import timezone
 
+from cleanup.engine.dispatch import dispatch
+from cleanup.engine.worker import Outcome, apply_chunk
 from reservations.exceptions import HoldNotFound, HoldNotRenewable, SectionFull
-from reservations.models import SeatHold
+from reservations.models import ReminderAttempt, SeatHold, Tenant
 from reservations.services import confirm_hold, hold_seat, release_hold, renew_hold
-from tests.factories import SeatHoldFactory, SectionFactory
+from tests.factories import (
+    ReminderAttemptFactory,
+    SeatHoldFactory,
+    SectionFactory,
+    TenantFactory,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -71,3 +83,98 @@ def test_release_refuses_a_confirmed_seat():
     with pytest.raises(HoldNotRenewable):
         release_hold(hold.pk)
     assert SeatHold.objects.filter(pk=hold.pk).exists()
+
+
+def test_a_hold_renewed_or_confirmed_after_planning_survives_its_chunk(expired_holds):
+    renewed, confirmed, *others = expired_holds
+    (chunk,) = dispatch("expire-holds").run.chunks.all()
+    renew_hold(renewed.pk)
+    confirm_hold(confirmed.pk)
+
+    assert apply_chunk(chunk.message) == Outcome.DELETED
+
+    chunk.refresh_from_db()
+    assert set(SeatHold.objects.values_list("pk", flat=True)) == {renewed.pk, confirmed.pk}
+    assert (chunk.rows_deleted, chunk.items_skipped) == (3, 2)
+
+
+def test_expire_holds_logs_its_idempotency_keys_under_the_reservation_prefix(expired_holds,
+                                                                            caplog):
+    (chunk,) = dispatch("expire-holds").run.chunks.all()
+    hold = expired_holds[0]
+
+    with caplog.at_level("DEBUG", logger="cleanup.worker"):
+        apply_chunk(chunk.message)
+
+    keys = [r.msg["idempotency_key"] for r in caplog.records
+            if isinstance(r.msg, dict) and "idempotency_key" in r.msg]
+    assert f"expire-reservation:{hold.pk}:{hold.expires_at.isoformat()}" in keys
+    assert len(keys) == 5
+
+
+@pytest.mark.django_db(transaction=True)  # the renewal holds its lock from a second connection
+@pytest.mark.parametrize("scheme", ["items", "range"])
+def test_renew_hold_holding_the_row_lock_survives_a_waiting_delete(scheme):
+    import threading
+
+    from tests.conftest import wait_for
+    from tests.test_concurrency import Worker, hold_lock_while, waiting_statements
+
+    hold = SeatHoldFactory(expired=True)
+    chunk = dispatch("expire-holds", scheme=scheme).run.chunks.get()
+    renewed, release = threading.Event(), threading.Event()
+    renewer = Worker(hold_lock_while, hold.pk, renewed, release, renew_hold)
+    renewer.start()
+    assert renewed.wait(10)
+    deleter = Worker(apply_chunk, chunk.message)
+    deleter.start()
+    wait_for(lambda: waiting_statements("DELETE") == 1, what="the DELETE to wait on the row lock")
+    release.set()
+
+    assert renewer.outcome() is None
+    assert deleter.outcome() == Outcome.NOOP
+    assert SeatHold.objects.filter(pk=hold.pk).exists()
+    chunk.refresh_from_db()
+    assert (chunk.state, chunk.rows_deleted, chunk.items_skipped) == ("committed", 0, 1)
+
+
+def test_the_reminder_purge_freezes_its_retention_setting_at_dispatch(settings):
+    settings.RESERVATIONS_REMINDER_RETENTION_DAYS = 30
+    now = timezone.now()
+    old, recent = (ReminderAttemptFactory(sent_at=now - timedelta(days=days)) for days in (40, 20))
+    run = dispatch("purge-reminder-attempts").run
+    assert run.parameters == {"sent_before": (run.cutoff - timedelta(days=30)).isoformat()}
+
+    settings.RESERVATIONS_REMINDER_RETENTION_DAYS = 10  # the worker's own settings
+    for chunk in run.chunks.all():
+        assert apply_chunk(chunk.message) == Outcome.DELETED
+
+    assert list(ReminderAttempt.objects.values_list("pk", flat=True)) == [recent.pk]
+
+
+def test_the_hold_admin_and_the_metrics_read_infinite_expiries(client, admin_client, section):
+    from tests.test_metrics import HOLDS, scrape, value
+
+    odd = {}
+    for expiry in ("-infinity", "4713-01-01 00:00:00+00 BC", "infinity"):
+        hold = SeatHoldFactory(section=section)
+        with connection.cursor() as cursor:
+            cursor.execute(f"UPDATE {SeatHold._meta.db_table} SET expires_at = %s::timestamptz "
+                           "WHERE id = %s", [expiry, hold.pk])
+        odd[expiry] = hold.pk
+
+    assert value(scrape(client), "cleanup_oldest_eligible_age_seconds", **HOLDS) > 60e9
+    for url in (reverse("admin:reservations_seathold_changelist"),
+                *(reverse("admin:reservations_seathold_change", args=[pk])
+                  for pk in odd.values())):
+        assert admin_client.get(url).status_code == 200, url
+
+
+def test_seeding_again_after_a_tenant_was_deleted_picks_free_names(db):
+    seed = ["seed_reservations", "--tenants", "2", "--expired", "1", "--active", "1"]
+    call_command(*seed, stdout=StringIO())
+    TenantFactory(name="Institution 4")
+    Tenant.objects.filter(name="Institution 1").delete()
+    call_command(*seed, stdout=StringIO())
+    assert sorted(Tenant.objects.values_list("name", flat=True)) == [
+        "Institution 1", "Institution 2", "Institution 3", "Institution 4"]

@@ -8,10 +8,10 @@ import pytest
 from django.utils import timezone
 from django_q.models import Task
 
-from cleanup.dispatch import dispatch
+from cleanup.engine.dispatch import dispatch, dispatch_in_process
+from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk, LedgerTotal, Run
 from cleanup.retention import PURGE_CHUNKS, PURGE_RUNS, PURGE_TASK_RESULTS
-from cleanup.worker import apply_chunk
 from tests.test_metrics import HOLDS, scrape, value
 
 pytestmark = pytest.mark.django_db
@@ -43,11 +43,11 @@ def test_old_chunks_then_runs_are_purged_and_counters_keep_their_values(client, 
     before = counters(client)
     assert before["cleanup_rows_deleted_total"] == 5
 
-    dispatch(PURGE_CHUNKS, sync=True)
+    dispatch_in_process(PURGE_CHUNKS)
     assert not Chunk.objects.filter(run=old_run).exists()
     assert counters(client) == before
 
-    dispatch(PURGE_RUNS, sync=True)
+    dispatch_in_process(PURGE_RUNS)
     assert not Run.objects.filter(pk=old_run.pk).exists()
     assert counters(client) == before
     assert LedgerTotal.objects.get(policy="expire-holds", key="rows_deleted").value == 5
@@ -57,8 +57,8 @@ def test_recent_and_unfinished_ledger_rows_stay(client, expired_holds):
     run = dispatch("expire-holds").run  # enqueued, not finished
     Chunk.objects.filter(run=run).update(planned_at=OLD)
 
-    dispatch(PURGE_CHUNKS, sync=True)
-    dispatch(PURGE_RUNS, sync=True)
+    dispatch_in_process(PURGE_CHUNKS)
+    dispatch_in_process(PURGE_RUNS)
 
     assert Chunk.objects.filter(run=run).exists() and Run.objects.filter(pk=run.pk).exists()
 
@@ -69,7 +69,7 @@ def test_recent_and_unfinished_ledger_rows_stay(client, expired_holds):
 def test_a_run_whose_chunks_remain_is_not_deleted(old_run):
     Chunk.objects.filter(run=old_run).update(planned_at=timezone.now())  # not yet purged
 
-    purge = dispatch(PURGE_RUNS, sync=True).run
+    purge = dispatch_in_process(PURGE_RUNS).run
 
     assert Run.objects.filter(pk=old_run.pk).exists()
     chunk = purge.chunks.get()
@@ -83,7 +83,7 @@ def test_old_task_results_are_purged(db):
         Task.objects.create(id=name.ljust(32, "0"), name=name, func="math.floor",
                             started=stopped, stopped=stopped, success=False)
 
-    dispatch(PURGE_TASK_RESULTS, sync=True)
+    dispatch_in_process(PURGE_TASK_RESULTS)
 
     assert list(Task.objects.values_list("name", flat=True)) == ["new"]
 
@@ -95,7 +95,7 @@ def test_old_slots_of_the_trigger_ledger_are_purged_and_recent_ones_stay(db):
     old = Slot.objects.create(policy="expire-holds", slot_at=OLD, fired_at=OLD)
     recent = Slot.objects.create(policy="expire-holds", slot_at=timezone.now())
 
-    dispatch(PURGE_SLOTS, sync=True)
+    dispatch_in_process(PURGE_SLOTS)
 
     assert list(Slot.objects.values_list("pk", flat=True)) == [recent.pk]
     assert not Slot.objects.filter(pk=old.pk).exists()

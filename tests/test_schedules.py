@@ -10,13 +10,13 @@ from django_q.models import OrmQ, Schedule
 from django_q.scheduler import scheduler
 from django_q.signing import SignedPackage
 
-from cleanup.dispatch import dispatch
+from cleanup.engine.dispatch import dispatch
+from cleanup.engine.worker import apply_chunk
 from cleanup.models import Run, ScheduleInstall, Slot
-from cleanup.overview import schedule_status
+from cleanup.observability.overview import schedule_status
 from cleanup.policies import all_policies, get_policy
-from cleanup.schedules import install_schedules
+from cleanup.scheduling.schedules import install_schedules
 from cleanup.tasks import dispatch_scheduled
-from cleanup.worker import apply_chunk
 
 pytestmark = pytest.mark.django_db
 

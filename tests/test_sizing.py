@@ -7,14 +7,14 @@ import uuid
 import pytest
 from django.utils import timezone
 
-from cleanup import sizing
-from cleanup.dispatch import dispatch
+from cleanup.engine import sizing
+from cleanup.engine.dispatch import dispatch
 from cleanup.models import Chunk, Run
 from cleanup.policies import ITEMS, RANGE, get_policy
-from tests.factories import SeatHoldFactory
+from tests.engine_app.factories import LeaseFactory
 
 pytestmark = pytest.mark.django_db
-EXPIRE = "expire-holds"
+EXPIRE = "expire-leases"
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +70,7 @@ def test_slow_chunks_shrink_the_size_down_to_the_floor():
 
 def test_other_policies_history_does_not_count():
     history(RANGE, chunks=sizing.ENOUGH, rows=1_000, duration_ms=5,
-            policy="purge-reminder-attempts")
+            policy="purge-lease-logs")
     assert sizing.chunk_size(get_policy(EXPIRE), RANGE) == get_policy(EXPIRE).chunk_size
 
 
@@ -80,9 +80,9 @@ def test_a_zero_budget_turns_learning_off(settings):
     assert sizing.chunk_size(get_policy(EXPIRE), RANGE) == get_policy(EXPIRE).chunk_size
 
 
-def test_dispatch_plans_with_the_learned_size_and_records_it(section, chunk_size):
+def test_dispatch_plans_with_the_learned_size_and_records_it(account, chunk_size):
     chunk_size(EXPIRE, 2)
-    SeatHoldFactory.create_batch(25, section=section, expired=True)
+    LeaseFactory.create_batch(25, account=account, expired=True)
     history(RANGE, chunks=sizing.ENOUGH, rows=100, duration_ms=500)  # 0.2 rows per ms: 10 rows
     run = dispatch(EXPIRE, scheme=RANGE).run
     assert run.chunk_size == 10
@@ -110,9 +110,9 @@ def test_no_span_cap_without_history_for_items_or_with_learning_off(settings):
     assert sizing.max_span(policy, RANGE, 2_000) is None
 
 
-def test_dispatch_records_the_span_cap_and_plans_within_it(section, chunk_size):
-    holds = SeatHoldFactory.create_batch(12, section=section, expired=True)
+def test_dispatch_records_the_span_cap_and_plans_within_it(account, chunk_size):
+    leases = LeaseFactory.create_batch(12, account=account, expired=True)
     history(RANGE, chunks=sizing.ENOUGH, rows=20, duration_ms=1, span=20)  # 1 id per row
     run = dispatch(EXPIRE, scheme=RANGE).run
     assert (run.chunk_size, run.max_span) == (1_000, sizing.SPAN_FACTOR * 1_000)
-    assert sum(c.planned_rows for c in run.chunks.all()) == len(holds)
+    assert sum(c.planned_rows for c in run.chunks.all()) == len(leases)

@@ -3,7 +3,7 @@ retries like any other delivery: the run is handed to the workers, and the comma
 so in one line (or one JSON object) and exits 0.
 
 transaction=True throughout: the lock is held from a second real connection, which must
-see the holds the test committed (and the subprocess must see them too).
+see the leases the test committed (and the subprocess must see them too).
 """
 
 from __future__ import annotations
@@ -22,28 +22,28 @@ from django.utils import timezone
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
+from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk, Run
-from cleanup.worker import apply_chunk
-from reservations.models import SeatHold
 from tests.conftest import ROOT, database_url, subprocess_env
-from tests.factories import SeatHoldFactory, SectionFactory
+from tests.engine_app.factories import AccountFactory, LeaseFactory
+from tests.engine_app.models import Lease
 
 pytestmark = pytest.mark.django_db(transaction=True)
 LOCK_TIMEOUT = "OperationalError: canceling statement due to lock timeout"
 
 
-def holds_in_expiry_order(count: int) -> list[SeatHold]:
-    """Expired holds one second apart: items chunks take them in this order."""
-    section = SectionFactory(capacity=count)
+def leases_in_expiry_order(count: int) -> list[Lease]:
+    """Expired leases one second apart: items chunks take them in this order."""
+    account = AccountFactory()
     now = timezone.now()
-    return [SeatHoldFactory(section=section, expires_at=now - timedelta(hours=1, seconds=count - i))
+    return [LeaseFactory(account=account, expires_at=now - timedelta(hours=1, seconds=count - i))
             for i in range(count)]
 
 
-def locked_elsewhere(hold: SeatHold) -> psycopg.Connection:
-    """A second real connection holding the row lock of ``hold`` (a long renewal)."""
+def locked_elsewhere(lease: Lease) -> psycopg.Connection:
+    """A second real connection holding the row lock of ``lease`` (a long renewal)."""
     holder = psycopg.connect(database_url())
-    holder.execute("SELECT 1 FROM reservations_seathold WHERE id = %s FOR UPDATE", [hold.pk])
+    holder.execute(f"SELECT 1 FROM {Lease._meta.db_table} WHERE id = %s FOR UPDATE", [lease.pk])
     return holder
 
 
@@ -76,34 +76,34 @@ def test_a_sync_chunk_locked_past_the_in_task_retries_is_left_to_the_queue(setti
                                                                            chunk_size):
     settings.CLEANUP_LOCK_TIMEOUT_MS = 100
     settings.CLEANUP_TRANSIENT_RETRIES = 1
-    chunk_size("expire-holds", 2)
-    holds = holds_in_expiry_order(8)
-    holder = locked_elsewhere(holds[4])  # in chunk #3
+    chunk_size("expire-leases", 2)
+    leases = leases_in_expiry_order(8)
+    holder = locked_elsewhere(leases[4])  # in chunk #3
     out = StringIO()
     try:
-        call_command("cleanup_dispatch", "--policy", "expire-holds", "--sync", stdout=out)
+        call_command("cleanup_dispatch", "--policy", "expire-leases", "--sync", stdout=out)
     finally:
         holder.close()
 
     run = Run.objects.get()
     (line,) = out.getvalue().splitlines()
     assert re.fullmatch(
-        rf"Dispatched run {run.id} of expire-holds \(items, cutoff [0-9-]+ [0-9:]+ UTC\): "
+        rf"Dispatched run {run.id} of expire-leases \(items, cutoff [0-9-]+ [0-9:]+ UTC\): "
         r"8 rows eligible; 4 chunks planned \(8 rows\); applied here: 4 of 8 rows "
         rf"deleted in 2 chunks; chunk #3 met \"{LOCK_TIMEOUT}\" past 1 in-task retries: the "
         r"run is handed to the queue, which retries it\. State running; took [0-9.]+ s\.",
         line), line
     assert_handed_to_the_queue_with_chunk_retrying(run, failed=3)
     finish_from_the_queue(run)
-    assert SeatHold.objects.count() == 0
+    assert Lease.objects.count() == 0
     assert sum(c.rows_deleted for c in run.chunks.all()) == 8
 
 
 SETTINGS = """
-from config.settings import *  # noqa: F403
+from tests.settings import *  # noqa: F403
 
-# Chunks of 20 holds; a row lock gives up within a fifth of a second, retried once.
-RESERVATIONS_EXPIRE_CHUNK_SIZE = 20
+# Chunks of 20 leases; a row lock gives up within a fifth of a second, retried once.
+LEASES_EXPIRE_CHUNK_SIZE = 20
 CLEANUP_CHUNK_BUDGET_MS = 0
 CLEANUP_LOCK_TIMEOUT_MS = 200
 CLEANUP_TRANSIENT_RETRIES = 1
@@ -112,13 +112,13 @@ CLEANUP_TRANSIENT_RETRIES = 1
 
 def test_sync_json_with_a_row_locked_past_the_retries_is_one_object_and_exit_0(tmp_path):
     (tmp_path / "locked_settings.py").write_text(SETTINGS)
-    holds = holds_in_expiry_order(100)
-    renewed = SeatHoldFactory(section=holds[0].section)  # not expired: never deleted
-    holder = locked_elsewhere(holds[50])  # in chunk #3
+    leases = leases_in_expiry_order(100)
+    renewed = LeaseFactory(account=leases[0].account)  # not expired: never deleted
+    holder = locked_elsewhere(leases[50])  # in chunk #3
     try:
         process = subprocess.run(
             [sys.executable, str(ROOT / "manage.py"), "cleanup_dispatch", "--policy",
-             "expire-holds", "--sync", "--json"],
+             "expire-leases", "--sync", "--json"],
             cwd=ROOT, capture_output=True, text=True, timeout=120,
             env=subprocess_env(DJANGO_SETTINGS_MODULE="locked_settings",
                                PYTHONPATH=str(tmp_path)))
@@ -144,4 +144,4 @@ def test_sync_json_with_a_row_locked_past_the_retries_is_one_object_and_exit_0(t
 
     finish_from_the_queue(run)
     assert sum(c.rows_deleted for c in run.chunks.all()) == 100
-    assert list(SeatHold.objects.all()) == [renewed]
+    assert list(Lease.objects.all()) == [renewed]

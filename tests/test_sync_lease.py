@@ -11,9 +11,9 @@ import psycopg
 import pytest
 from django.db import connection, transaction
 
-from cleanup import process_lock, transitions
-from cleanup.dispatch import dispatch
-from cleanup.worker import _reset_broken_connection
+from cleanup.engine import process_lock, transitions
+from cleanup.engine.dispatch import dispatch
+from cleanup.engine.worker import _reset_broken_connection
 from tests.conftest import database_url, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -23,8 +23,8 @@ def other_session() -> psycopg.Connection:
     return psycopg.connect(database_url(), autocommit=True)
 
 
-def test_a_taker_cannot_prove_a_live_owner_gone(expired_holds):
-    run = dispatch("expire-holds").run
+def test_a_taker_cannot_prove_a_live_owner_gone(expired_leases):
+    run = dispatch("expire-leases").run
     owner = other_session()
     assert owner.execute("SELECT pg_try_advisory_lock(%s)",
                          [process_lock.key(run.pk)]).fetchone()[0]
@@ -40,8 +40,8 @@ def test_a_taker_cannot_prove_a_live_owner_gone(expired_holds):
     wait_for(proven_absent, timeout=10, what="the owner's session to end")
 
 
-def test_the_owner_cannot_take_its_lease_back_while_a_takeover_commits(expired_holds):
-    run = dispatch("expire-holds").run
+def test_the_owner_cannot_take_its_lease_back_while_a_takeover_commits(expired_leases):
+    run = dispatch("expire-leases").run
     owner = other_session()
 
     with transaction.atomic():
@@ -54,8 +54,8 @@ def test_the_owner_cannot_take_its_lease_back_while_a_takeover_commits(expired_h
     owner.close()
 
 
-def test_a_retry_never_closes_the_leased_connection_for_its_age(expired_holds):
-    run = dispatch("expire-holds").run
+def test_a_retry_never_closes_the_leased_connection_for_its_age(expired_leases):
+    run = dispatch("expire-leases").run
     assert process_lock.acquire(run.pk)
     try:
         connection.close_at = 0  # obsolete: CONN_MAX_AGE would close it now
@@ -66,8 +66,8 @@ def test_a_retry_never_closes_the_leased_connection_for_its_age(expired_holds):
     assert not process_lock.leased_here()
 
 
-def test_the_rows_eligible_at_dispatch_are_recorded_once(expired_holds):
-    run = dispatch("expire-holds").run
+def test_the_rows_eligible_at_dispatch_are_recorded_once(expired_leases):
+    run = dispatch("expire-leases").run
     run.refresh_from_db()
     assert run.eligible_at_dispatch == 5
 

@@ -16,16 +16,16 @@ from django.utils import timezone
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
-from cleanup import dispatch as dispatch_module
-from cleanup import process_lock
-from cleanup.dispatch import dispatch
+from cleanup.engine import dispatch as dispatch_module
+from cleanup.engine import process_lock
+from cleanup.engine.dispatch import dispatch, dispatch_in_process
+from cleanup.engine.reconcile import reconcile
+from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk, Run, Slot
-from cleanup.reconcile import reconcile
-from cleanup.schedules import dispatch_slot
-from cleanup.worker import apply_chunk
-from reservations.models import SeatHold
+from cleanup.scheduling.schedules import dispatch_slot
 from tests.conftest import ROOT, database_url, manage, subprocess_env, wait_for
-from tests.factories import SeatHoldFactory, SectionFactory
+from tests.engine_app.factories import AccountFactory, LeaseFactory
+from tests.engine_app.models import Lease
 
 LONG_AGO = timezone.now() - timedelta(hours=1)
 
@@ -53,7 +53,7 @@ def killed_sync(monkeypatch):
         with monkeypatch.context() as patched:
             patched.setattr(dispatch_module, "apply_in_process", dies)
             with pytest.raises(SystemExit):
-                dispatch("expire-holds", sync=True, **options)
+                dispatch_in_process("expire-leases", **options)
         run = Run.objects.filter(in_process=True).get()
         assert run.state == Run.State.RUNNING and not process_lock.held([run.pk])
         return run
@@ -64,8 +64,8 @@ def killed_sync(monkeypatch):
 @pytest.fixture
 def backlog(db, settings, chunk_size):
     settings.CLEANUP_WINDOW = 2
-    chunk_size("expire-holds", 1)
-    return SeatHoldFactory.create_batch(6, section=SectionFactory(), expired=True)
+    chunk_size("expire-leases", 1)
+    return LeaseFactory.create_batch(6, account=AccountFactory(), expired=True)
 
 
 @pytest.mark.django_db
@@ -75,7 +75,7 @@ def test_a_slot_takes_over_a_sync_run_whose_process_died_before_joining_it(backl
     assert [c.state for c in unfinished(run)] == [Chunk.State.PLANNED] * 2
     assert OrmQ.objects.count() == 0  # a --sync run sends nothing: only its process applies it
 
-    joined = dispatch_slot("expire-holds", timezone.now().replace(second=0, microsecond=0))
+    joined = dispatch_slot("expire-leases", timezone.now().replace(second=0, microsecond=0))
 
     assert joined.pk == run.pk
     assert Slot.objects.get().outcome == Slot.Outcome.COALESCED
@@ -93,7 +93,7 @@ def test_a_live_sync_process_keeps_its_run_until_its_connection_ends(backlog, ki
     holder.execute("SELECT pg_advisory_lock(%s)", [process_lock.key(run.pk)])
     Chunk.objects.filter(run=run).update(planned_at=LONG_AGO)  # silent for a whole lease
     try:
-        joined = dispatch_slot("expire-holds", timezone.now().replace(second=0, microsecond=0))
+        joined = dispatch_slot("expire-leases", timezone.now().replace(second=0, microsecond=0))
         assert joined.pk == run.pk
         result = reconcile()
         assert (result.taken_over, result.resent) == (0, 0)
@@ -116,12 +116,12 @@ def test_a_chunk_committing_takes_over_an_abandoned_sync_run_of_its_policy(db, s
                                                                           chunk_size,
                                                                           killed_sync):
     settings.CLEANUP_WINDOW = 3
-    chunk_size("expire-holds", 1)
+    chunk_size("expire-leases", 1)
     now = timezone.now()
-    section = SectionFactory()
-    SeatHoldFactory.create_batch(2, section=section, expires_at=now - timedelta(hours=2))
-    SeatHoldFactory.create_batch(3, section=section, expires_at=now - timedelta(minutes=10))
-    queued = dispatch("expire-holds", key="queued", cutoff=now - timedelta(hours=1)).run
+    account = AccountFactory()
+    LeaseFactory.create_batch(2, account=account, expires_at=now - timedelta(hours=2))
+    LeaseFactory.create_batch(3, account=account, expires_at=now - timedelta(minutes=10))
+    queued = dispatch("expire-leases", key="queued", cutoff=now - timedelta(hours=1)).run
     abandoned = killed_sync(0)
     assert (queued.chunks_planned, abandoned.chunks_planned) == (2, 1)
 
@@ -138,7 +138,7 @@ def test_a_chunk_committing_takes_over_an_abandoned_sync_run_of_its_policy(db, s
 @pytest.mark.django_db
 def test_an_interrupted_sync_dispatch_hands_its_run_to_the_queue_at_once(backlog,
                                                                         monkeypatch):
-    from cleanup import transitions
+    from cleanup.engine import transitions
 
     real_commit = transitions.commit
     committed = []
@@ -151,13 +151,13 @@ def test_an_interrupted_sync_dispatch_hands_its_run_to_the_queue_at_once(backlog
 
     monkeypatch.setattr(transitions, "commit", interrupted_on_the_third_chunk)
     with pytest.raises(KeyboardInterrupt):
-        dispatch("expire-holds", sync=True)
+        dispatch_in_process("expire-leases")
 
     run = Run.objects.get()
     assert run.in_process is False and run.state == Run.State.RUNNING
     assert [c.state for c in unfinished(run)] == [Chunk.State.ENQUEUED] * 2
     assert queued_messages() == [c.message for c in unfinished(run)]
-    assert SeatHold.objects.count() == 4
+    assert Lease.objects.count() == 4
 
 
 @pytest.mark.django_db(transaction=True)  # with Redis the messages go out on commit
@@ -192,12 +192,12 @@ SETTINGS = """
 import os
 import time
 
-from config.settings import *  # noqa: F403
+from tests.settings import *  # noqa: F403
 
 from cleanup import faults
 
-# Small chunks of a fixed size, so a backlog of 2,000 holds is 100 chunks.
-RESERVATIONS_EXPIRE_CHUNK_SIZE = 20
+# Small chunks of a fixed size, so a backlog of 2,000 leases is 100 chunks.
+LEASES_EXPIRE_CHUNK_SIZE = 20
 CLEANUP_CHUNK_BUDGET_MS = 0
 if os.environ.get("SLOW_CHUNK_SECONDS"):
     # Each chunk waits before it commits, so the test can kill the process mid-run.
@@ -209,7 +209,7 @@ QCLUSTER_ENV = {"Q_TIMEOUT": "4", "Q_RETRY": "6", "Q_POLL": "0.1", "Q_WORKERS": 
 
 @pytest.fixture
 def small_chunk_settings(tmp_path):
-    """Environment for a subprocess whose expire-holds chunks hold 20 rows."""
+    """Environment for a subprocess whose expire-leases chunks hold 20 rows."""
     (tmp_path / "small_chunk_settings.py").write_text(SETTINGS)
     return {"DJANGO_SETTINGS_MODULE": "small_chunk_settings", "PYTHONPATH": str(tmp_path)}
 
@@ -218,15 +218,14 @@ def small_chunk_settings(tmp_path):
 @pytest.mark.django_db(transaction=True)
 def test_a_killed_sync_dispatch_is_handed_to_the_queue_by_the_next_slot_and_finished(
         small_chunk_settings, tmp_path):
-    section = SectionFactory(capacity=5000)
+    account = AccountFactory()
     now = timezone.now()
-    SeatHold.objects.bulk_create(
-        SeatHold(section=section, tenant=section.tenant, learner_ref=f"learner-{i}",
-                 expires_at=now - timedelta(hours=1, seconds=i)) for i in range(2000))
-    renewed = SeatHoldFactory.create_batch(20, section=section)  # expire in the future
-    confirmed = SeatHoldFactory.create_batch(
-        20, section=section, status=SeatHold.Status.CONFIRMED, expired=True)
-    process = manage("cleanup_dispatch", "--policy", "expire-holds", "--sync",
+    Lease.objects.bulk_create(
+        Lease(account=account, holder=f"holder-{i}", expires_at=now - timedelta(hours=1, seconds=i))
+        for i in range(2000))
+    renewed = LeaseFactory.create_batch(20, account=account)  # expire in the future
+    kept = LeaseFactory.create_batch(20, account=account, state=Lease.State.KEPT, expired=True)
+    process = manage("cleanup_dispatch", "--policy", "expire-leases", "--sync",
                      SLOW_CHUNK_SECONDS="0.2", **small_chunk_settings)
     try:
         wait_for(lambda: Chunk.objects.filter(state__in=Chunk.DONE).count() >= 5, timeout=60,
@@ -241,7 +240,7 @@ def test_a_killed_sync_dispatch_is_handed_to_the_queue_by_the_next_slot_and_fini
     # The database drops the lease with the dead process's session: no clock involved.
     wait_for(lambda: not process_lock.held([run.pk]), timeout=10, what="the session to end")
 
-    joined = dispatch_slot("expire-holds", timezone.now().replace(second=0, microsecond=0))
+    joined = dispatch_slot("expire-leases", timezone.now().replace(second=0, microsecond=0))
 
     # At once: the slot took the run over and its unfinished chunks are in the queue.
     assert joined.pk == run.pk and Slot.objects.get().outcome == Slot.Outcome.COALESCED
@@ -271,5 +270,5 @@ def test_a_killed_sync_dispatch_is_handed_to_the_queue_by_the_next_slot_and_fini
     assert {c.state for c in chunks} <= set(Chunk.DONE)
     # The ledger equals reality: every row counted deleted is gone, and nothing else is.
     assert sum(c.rows_deleted for c in chunks) == 2000
-    assert set(SeatHold.objects.values_list("pk", flat=True)) == {
-        h.pk for h in renewed + confirmed}
+    assert set(Lease.objects.values_list("pk", flat=True)) == {
+        lease.pk for lease in renewed + kept}

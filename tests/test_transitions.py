@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from django.db.models import Q
 
-from cleanup import transitions
-from cleanup.dispatch import dispatch
+from cleanup.engine import outcomes, transitions
+from cleanup.engine.dispatch import dispatch
 from cleanup.models import Chunk, Run
 
 pytestmark = pytest.mark.django_db
@@ -44,9 +44,9 @@ COUNTERS = ("rows_deleted", "deliveries_completed", "failures", "dead_letters",
 
 @pytest.mark.parametrize("transition", sorted(TABLE))
 @pytest.mark.parametrize("state", S.values)
-def test_each_transition_moves_only_the_states_its_guard_allows(expired_holds, transition,
+def test_each_transition_moves_only_the_states_its_guard_allows(expired_leases, transition,
                                                                 state):
-    chunk = dispatch("expire-holds").run.chunks.get()
+    chunk = dispatch("expire-leases").run.chunks.get()
     Chunk.objects.filter(pk=chunk.pk).update(state=state)
     chunk.refresh_from_db()
     before = {name: getattr(chunk, name) for name in COUNTERS}
@@ -58,22 +58,34 @@ def test_each_transition_moves_only_the_states_its_guard_allows(expired_holds, t
     assert all(getattr(chunk, name) >= value for name, value in before.items())  # only add
 
 
-def test_a_run_settles_from_its_chunks_and_a_cancelled_run_stays_cancelled(expired_holds):
-    run = dispatch("expire-holds").run
+def test_a_run_settles_from_its_chunks_and_a_cancelled_run_stays_cancelled(expired_leases):
+    run = dispatch("expire-leases").run
     chunk = run.chunks.get()
-    transitions.dead_letter(chunk, "bad", "malformed")
+    outcomes.dead_letter(chunk, "bad", "malformed")
     assert Run.objects.get(pk=run.pk).state == Run.State.COMPLETED_WITH_DEAD_LETTERS
     transitions.requeue([chunk.pk])
     assert Run.objects.get(pk=run.pk).state == Run.State.RUNNING
-    transitions.cancel_runs([run.pk])
+    outcomes.cancel_runs([run.pk])
     chunk.refresh_from_db()
-    transitions.commit(chunk, deleted=0, retries=0, elapsed=0.0)  # a late delivery
+    outcomes.commit(chunk, deleted=0, retries=0, elapsed=0.0)  # a late delivery
     assert Run.objects.get(pk=run.pk).state == Run.State.CANCELLED
     assert transitions.settle_run(run.pk).state == Run.State.CANCELLED
 
 
-def test_a_dead_letter_of_a_cancelled_run_is_not_requeued(expired_holds):
-    run = dispatch("expire-holds").run
+def test_a_transition_changes_only_its_chunk_and_the_outcome_settles_the_run(expired_leases):
+    """The state machine writes the chunk; the run's state follows from the outcome
+    layer above it (cleanup.engine.outcomes), in the same transaction."""
+    run = dispatch("expire-leases").run
+    chunk = run.chunks.get()
+
+    assert transitions.commit(chunk, deleted=5, retries=0, elapsed=0.01)
+    assert Run.objects.get(pk=run.pk).state == Run.State.RUNNING
+    outcomes.advance_and_settle(run.pk)
+    assert Run.objects.get(pk=run.pk).state == Run.State.COMPLETED
+
+
+def test_a_dead_letter_of_a_cancelled_run_is_not_requeued(expired_leases):
+    run = dispatch("expire-leases").run
     chunk = run.chunks.get()
     transitions.dead_letter(chunk, "bad", "malformed")
     Run.objects.filter(pk=run.pk).update(state=Run.State.CANCELLED)

@@ -13,25 +13,25 @@ from django.utils import timezone
 from django_q.conf import Conf
 from django_q.models import OrmQ
 
-from cleanup import operations, planning, window
-from cleanup.dispatch import dispatch
+from cleanup.engine import operations, planning, window
+from cleanup.engine.dispatch import dispatch, dispatch_in_process
+from cleanup.engine.reconcile import reconcile
+from cleanup.engine.sizing import STEP
+from cleanup.engine.worker import Outcome, apply_chunk
 from cleanup.models import Chunk, Run
-from cleanup.reconcile import reconcile
-from cleanup.sizing import STEP
-from cleanup.worker import Outcome, apply_chunk
-from reservations.models import SeatHold
 from tests.conftest import chunks_of
-from tests.factories import SeatHoldFactory
+from tests.engine_app.factories import LeaseFactory
+from tests.engine_app.models import Lease
 
 pytestmark = pytest.mark.django_db
 
 
-def unfinished(policy: str = "expire-holds") -> list[Chunk]:
+def unfinished(policy: str = "expire-leases") -> list[Chunk]:
     return list(Chunk.objects.filter(run__policy=policy, state__in=Chunk.UNFINISHED)
                 .order_by("run__created_at", "chunk_id"))
 
 
-def drain(policy: str = "expire-holds") -> int:
+def drain(policy: str = "expire-leases") -> int:
     """Deliver the policy's unfinished chunks as a worker would, until none is left;
     return the most that were ever in flight at once."""
     peak = 0
@@ -43,16 +43,16 @@ def drain(policy: str = "expire-holds") -> int:
 
 @pytest.fixture
 def small_window(settings, chunk_size):
-    """Chunks of one hold, two in flight."""
+    """Chunks of one lease, two in flight."""
     settings.CLEANUP_WINDOW = 2
-    chunk_size("expire-holds", 1)
+    chunk_size("expire-leases", 1)
 
 
-def test_dispatch_sends_the_first_window_and_each_commit_plans_the_next(section,
+def test_dispatch_sends_the_first_window_and_each_commit_plans_the_next(account,
                                                                        small_window):
-    SeatHoldFactory.create_batch(5, section=section, expired=True)
+    LeaseFactory.create_batch(5, account=account, expired=True)
 
-    run = dispatch("expire-holds", scheme="range").run
+    run = dispatch("expire-leases", scheme="range").run
 
     assert (run.chunks_planned, run.planned_all, run.state) == (2, False, Run.State.RUNNING)
     assert OrmQ.objects.count() == 2  # the messages committed with the run
@@ -68,13 +68,13 @@ def test_dispatch_sends_the_first_window_and_each_commit_plans_the_next(section,
     run.refresh_from_db()
     assert (run.chunks_planned, run.candidates, run.planned_all) == (5, 5, True)
     assert run.state == Run.State.COMPLETED and run.frontier is None
-    assert SeatHold.objects.count() == 0
+    assert Lease.objects.count() == 0
     ranges = sorted((c.message["start_id"], c.message["end_id"]) for c in chunks_of(run))
     assert all(left[1] <= right[0] for left, right in zip(ranges, ranges[1:], strict=False))
 
 
-def test_a_small_backlog_is_one_chunk(expired_holds):
-    run = dispatch("expire-holds").run
+def test_a_small_backlog_is_one_chunk(expired_leases):
+    run = dispatch("expire-leases").run
 
     assert (run.chunks_planned, run.planned_all) == (1, True)
     assert apply_chunk(chunks_of(run)[0].message) == Outcome.DELETED
@@ -82,9 +82,9 @@ def test_a_small_backlog_is_one_chunk(expired_holds):
     assert run.state == Run.State.COMPLETED
 
 
-def test_a_dead_lettered_chunk_does_not_stop_the_frontier(section, small_window):
-    holds = SeatHoldFactory.create_batch(4, section=section, expired=True)
-    run = dispatch("expire-holds").run
+def test_a_dead_lettered_chunk_does_not_stop_the_frontier(account, small_window):
+    leases = LeaseFactory.create_batch(4, account=account, expired=True)
+    run = dispatch("expire-leases").run
     first = chunks_of(run)[0]
 
     # A delivery whose cutoff contradicts its run is dead-lettered at once.
@@ -95,22 +95,22 @@ def test_a_dead_lettered_chunk_does_not_stop_the_frontier(section, small_window)
     run.refresh_from_db()
     assert run.planned_all and run.chunks_planned == 4
     assert run.state == Run.State.COMPLETED_WITH_DEAD_LETTERS
-    assert list(SeatHold.objects.values_list("pk", flat=True)) == [holds[0].pk]
+    assert list(Lease.objects.values_list("pk", flat=True)) == [leases[0].pk]
 
     operations.discard([first.pk], "forged in a test")
     run.refresh_from_db()
     assert run.state == Run.State.COMPLETED
 
 
-def test_a_second_run_of_the_policy_waits_for_room_in_the_window(section, settings,
+def test_a_second_run_of_the_policy_waits_for_room_in_the_window(account, settings,
                                                                  chunk_size):
     settings.CLEANUP_WINDOW = 1
-    chunk_size("expire-holds", 2)
+    chunk_size("expire-leases", 2)
     now = timezone.now()
-    SeatHoldFactory.create_batch(3, section=section, expires_at=now - timedelta(hours=2))
-    late = SeatHoldFactory(section=section, expires_at=now - timedelta(minutes=10))
-    first = dispatch("expire-holds", key="first", cutoff=now - timedelta(hours=1)).run
-    second = dispatch("expire-holds", key="second").run
+    LeaseFactory.create_batch(3, account=account, expires_at=now - timedelta(hours=2))
+    late = LeaseFactory(account=account, expires_at=now - timedelta(minutes=10))
+    first = dispatch("expire-leases", key="first", cutoff=now - timedelta(hours=1)).run
+    second = dispatch("expire-leases", key="second").run
 
     assert (first.chunks_planned, second.chunks_planned) == (1, 0)
     assert second.state == Run.State.RUNNING  # waiting, not completed
@@ -123,16 +123,16 @@ def test_a_second_run_of_the_policy_waits_for_room_in_the_window(section, settin
     assert (first.candidates, second.candidates) == (3, 1)
     (chunk,) = chunks_of(second)
     assert chunk.planned_at >= max(c.committed_at for c in chunks_of(first))
-    assert not SeatHold.objects.filter(pk=late.pk).exists()
+    assert not Lease.objects.filter(pk=late.pk).exists()
 
 
 def test_a_cancelled_run_plans_nothing_more_and_its_room_goes_to_the_next(
-        section, settings, chunk_size, django_capture_on_commit_callbacks):
+        account, settings, chunk_size, django_capture_on_commit_callbacks):
     settings.CLEANUP_WINDOW = 1
-    chunk_size("expire-holds", 1)
-    SeatHoldFactory.create_batch(3, section=section, expired=True)
-    first = dispatch("expire-holds", key="first").run
-    second = dispatch("expire-holds", key="second").run
+    chunk_size("expire-leases", 1)
+    LeaseFactory.create_batch(3, account=account, expired=True)
+    first = dispatch("expire-leases", key="first").run
+    second = dispatch("expire-leases", key="second").run
 
     with django_capture_on_commit_callbacks(execute=True):
         operations.cancel([first.pk])
@@ -144,29 +144,29 @@ def test_a_cancelled_run_plans_nothing_more_and_its_room_goes_to_the_next(
     assert second.chunks_planned == 1
     drain()
     assert Chunk.objects.filter(run=first).count() == 1
-    assert SeatHold.objects.count() == 0  # all by the second run
+    assert Lease.objects.count() == 0  # all by the second run
 
 
-def test_a_sync_dispatch_applies_every_chunk_it_plans(section, small_window):
-    SeatHoldFactory.create_batch(7, section=section, expired=True)
+def test_a_sync_dispatch_applies_every_chunk_it_plans(account, small_window):
+    LeaseFactory.create_batch(7, account=account, expired=True)
 
-    run = dispatch("expire-holds", sync=True).run
+    run = dispatch_in_process("expire-leases").run
 
     assert (run.state, run.chunks_planned, run.in_process) == (Run.State.COMPLETED, 7, True)
     assert OrmQ.objects.count() == 0  # nothing went through the queue
-    assert SeatHold.objects.count() == 0
+    assert Lease.objects.count() == 0
 
 
 @pytest.mark.parametrize("scheme", ["items", "range"])
-def test_chunk_sizes_follow_the_runs_pace_by_at_most_a_step(section, settings, chunk_size,
+def test_chunk_sizes_follow_the_runs_pace_by_at_most_a_step(account, settings, chunk_size,
                                                              scheme):
     settings.CLEANUP_CHUNK_BUDGET_MS = 40
     settings.CLEANUP_MIN_ROWS_PER_CHUNK = 1
     settings.CLEANUP_WINDOW = 1
-    chunk_size("expire-holds", 2)
-    SeatHoldFactory.create_batch(300, section=section, expired=True)
+    chunk_size("expire-leases", 2)
+    LeaseFactory.create_batch(300, account=account, expired=True)
 
-    run = dispatch("expire-holds", scheme=scheme).run
+    run = dispatch("expire-leases", scheme=scheme).run
     drain()
 
     sizes = [c.planned_rows for c in chunks_of(run)]
@@ -180,9 +180,9 @@ def test_chunk_sizes_follow_the_runs_pace_by_at_most_a_step(section, settings, c
 
 
 def test_planning_that_fails_keeps_the_outcome_and_the_reconciler_plans_on(
-        section, small_window, monkeypatch):
-    SeatHoldFactory.create_batch(3, section=section, expired=True)
-    run = dispatch("expire-holds").run
+        account, small_window, monkeypatch):
+    LeaseFactory.create_batch(3, account=account, expired=True)
+    run = dispatch("expire-leases").run
 
     def broken(*args, **kwargs):
         raise RuntimeError("planner down")
@@ -191,38 +191,38 @@ def test_planning_that_fails_keeps_the_outcome_and_the_reconciler_plans_on(
     assert apply_chunk(chunks_of(run)[0].message) == Outcome.DELETED
     run.refresh_from_db()
     assert (run.chunks_planned, run.state) == (2, Run.State.RUNNING)
-    assert SeatHold.objects.count() == 2
+    assert Lease.objects.count() == 2
 
     monkeypatch.undo()
     OrmQ.objects.all().delete()  # the reconciler waits for a drained queue to re-send
     assert reconcile().planned == 1
     drain()
     run.refresh_from_db()
-    assert run.state == Run.State.COMPLETED and SeatHold.objects.count() == 0
+    assert run.state == Run.State.COMPLETED and Lease.objects.count() == 0
 
 
-def test_the_window_is_per_policy_and_a_policy_may_set_its_own(section, settings, chunk_size):
+def test_the_window_is_per_policy_and_a_policy_may_set_its_own(account, settings, chunk_size):
     settings.CLEANUP_WINDOW = 3
-    policy = chunk_size("expire-holds", 1)
+    policy = chunk_size("expire-leases", 1)
     assert window.size(policy) == 3
     from dataclasses import replace
 
     from cleanup.policies import register
     register(replace(policy, window=1))
-    SeatHoldFactory.create_batch(4, section=section, expired=True)
+    LeaseFactory.create_batch(4, account=account, expired=True)
 
-    run = dispatch("expire-holds").run
+    run = dispatch("expire-leases").run
 
     assert (run.window, run.chunks_planned) == (1, 1)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_commits_never_plan_a_row_twice_nor_overfill_the_window(section, settings,
+def test_concurrent_commits_never_plan_a_row_twice_nor_overfill_the_window(account, settings,
                                                                            chunk_size):
     settings.CLEANUP_WINDOW = 3
-    chunk_size("expire-holds", 2)
-    SeatHoldFactory.create_batch(60, section=section, expired=True)
-    run = dispatch("expire-holds").run
+    chunk_size("expire-leases", 2)
+    LeaseFactory.create_batch(60, account=account, expired=True)
+    run = dispatch("expire-leases").run
     peaks, errors = [], []
 
     def worker():
@@ -244,14 +244,14 @@ def test_concurrent_commits_never_plan_a_row_twice_nor_overfill_the_window(secti
 
     assert errors == []
     run.refresh_from_db()
-    assert run.state == Run.State.COMPLETED and SeatHold.objects.count() == 0
+    assert run.state == Run.State.COMPLETED and Lease.objects.count() == 0
     planned = [pk for chunk in chunks_of(run) for pk, _ in chunk.message["items"]]
     assert len(planned) == len(set(planned)) == 60
     assert max(peaks) <= 3
 
 
 @pytest.mark.django_db(transaction=True)  # the next message goes out on commit
-def test_with_redis_the_next_chunk_is_sent_after_its_planners_commit(section, settings,
+def test_with_redis_the_next_chunk_is_sent_after_its_planners_commit(account, settings,
                                                                      chunk_size, monkeypatch):
     import redis
 
@@ -261,11 +261,11 @@ def test_with_redis_the_next_chunk_is_sent_after_its_planners_commit(section, se
     monkeypatch.setattr(Conf, "ORM", None)
     monkeypatch.setattr(Conf, "REDIS", url)
     settings.CLEANUP_WINDOW = 1
-    chunk_size("expire-holds", 1)
-    SeatHoldFactory.create_batch(2, section=section, expired=True)
+    chunk_size("expire-leases", 1)
+    LeaseFactory.create_batch(2, account=account, expired=True)
     queue = f"django_q:{Conf.CLUSTER_NAME}:q"
     try:
-        run = dispatch("expire-holds").run
+        run = dispatch("expire-leases").run
         assert client.llen(queue) == 1
 
         apply_chunk(chunks_of(run)[0].message)
@@ -274,16 +274,16 @@ def test_with_redis_the_next_chunk_is_sent_after_its_planners_commit(section, se
         assert second.state == Chunk.State.ENQUEUED and client.llen(queue) == 2
         apply_chunk(second.message)
         run.refresh_from_db()
-        assert run.state == Run.State.COMPLETED and SeatHold.objects.count() == 0
+        assert run.state == Run.State.COMPLETED and Lease.objects.count() == 0
     finally:
         client.flushdb()
 
 
-def test_status_shows_the_position_in_the_span_and_the_rows_to_go(section, small_window):
-    from cleanup.status import run_summary
+def test_status_shows_the_position_in_the_span_and_the_rows_to_go(account, small_window):
+    from cleanup.observability.status import run_summary
 
-    SeatHoldFactory.create_batch(8, section=section, expired=True)
-    run = dispatch("expire-holds", scheme="range").run
+    LeaseFactory.create_batch(8, account=account, expired=True)
+    run = dispatch("expire-leases", scheme="range").run
     apply_chunk(chunks_of(run)[0].message)
     run.refresh_from_db()
 
@@ -301,13 +301,13 @@ def test_status_shows_the_position_in_the_span_and_the_rows_to_go(section, small
     assert after["chunks_planned"] == 8
 
 
-def test_a_run_whose_planning_fails_is_skipped_and_keeps_the_error(section, settings,
+def test_a_run_whose_planning_fails_is_skipped_and_keeps_the_error(account, settings,
                                                                    chunk_size, monkeypatch):
     settings.CLEANUP_WINDOW = 2
-    chunk_size("expire-holds", 1)
-    SeatHoldFactory.create_batch(4, section=section, expired=True)
-    broken = dispatch("expire-holds", key="broken").run
-    healthy = dispatch("expire-holds", key="healthy").run
+    chunk_size("expire-leases", 1)
+    LeaseFactory.create_batch(4, account=account, expired=True)
+    broken = dispatch("expire-leases", key="broken").run
+    healthy = dispatch("expire-leases", key="healthy").run
     real = planning.next_chunk
 
     def fails_for_one_run(policy, frozen, *args, **kwargs):
@@ -324,17 +324,17 @@ def test_a_run_whose_planning_fails_is_skipped_and_keeps_the_error(section, sett
     assert "predicate changed" in broken.planning_error and not broken.planned_all
     assert healthy.chunks_planned == 2  # the broken run's room went to the next one
     # A new slot joins the healthy run still planning, never the broken one.
-    slot = dispatch("expire-holds", key="slot", coalesce_within=timedelta(0))
+    slot = dispatch("expire-leases", key="slot", coalesce_within=timedelta(0))
     assert slot.coalesced and slot.run.pk == healthy.pk
 
 
-def test_a_sync_run_without_room_is_handed_to_the_queue(section, settings, chunk_size):
+def test_a_sync_run_without_room_is_handed_to_the_queue(account, settings, chunk_size):
     settings.CLEANUP_WINDOW = 1
-    chunk_size("expire-holds", 1)
-    SeatHoldFactory.create_batch(2, section=section, expired=True)
-    queued = dispatch("expire-holds", key="queued", cutoff=timezone.now()).run
+    chunk_size("expire-leases", 1)
+    LeaseFactory.create_batch(2, account=account, expired=True)
+    queued = dispatch("expire-leases", key="queued", cutoff=timezone.now()).run
 
-    synced = dispatch("expire-holds", key="sync", sync=True).run
+    synced = dispatch_in_process("expire-leases", key="sync").run
 
     assert synced.state == Run.State.RUNNING and not synced.in_process
     drain()
@@ -345,8 +345,8 @@ def test_a_sync_run_without_room_is_handed_to_the_queue(section, settings, chunk
     assert all(c.enqueued_at is not None for c in chunks_of(synced))
 
 
-def test_a_chunk_delivered_after_its_run_was_cancelled_deletes_nothing(expired_holds):
-    run = dispatch("expire-holds").run
+def test_a_chunk_delivered_after_its_run_was_cancelled_deletes_nothing(expired_leases):
+    run = dispatch("expire-leases").run
     chunk = chunks_of(run)[0]
     # As if the cancel had passed this chunk by while a delivery held it.
     Run.objects.filter(pk=run.pk).update(state=Run.State.CANCELLED, planned_all=True)
@@ -355,7 +355,7 @@ def test_a_chunk_delivered_after_its_run_was_cancelled_deletes_nothing(expired_h
 
     chunk.refresh_from_db()
     assert chunk.state == Chunk.State.CANCELLED
-    assert SeatHold.objects.count() == 5
+    assert Lease.objects.count() == 5
 
 
 def test_system_checks_refuse_an_empty_window_and_a_nullable_partition(settings, chunk_size):

@@ -10,14 +10,15 @@ from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from cleanup import faults, transitions
-from cleanup.dispatch import dispatch
+from cleanup import faults
+from cleanup.engine import transitions
+from cleanup.engine.dispatch import dispatch
+from cleanup.engine.worker import Outcome, apply_chunk
 from cleanup.models import Chunk, OrphanMessage, Run
-from cleanup.worker import Outcome, apply_chunk
-from reservations.models import SeatHold
-from reservations.services import confirm_hold, renew_hold
 from tests.conftest import chunks_of
-from tests.factories import ReminderAttemptFactory, SeatHoldFactory
+from tests.engine_app.factories import LeaseFactory, LeaseLogFactory
+from tests.engine_app.models import Lease, LeaseLog
+from tests.engine_app.services import keep_lease, renew_lease
 
 pytestmark = pytest.mark.django_db
 
@@ -27,9 +28,9 @@ def only_chunk(run: Run) -> Chunk:
     return chunk
 
 
-def test_delivery_deletes_expired_holds_and_commits_the_chunk(expired_holds, section):
-    active = SeatHoldFactory(section=section)
-    run = dispatch("expire-holds").run
+def test_delivery_deletes_expired_leases_and_commits_the_chunk(expired_leases, account):
+    active = LeaseFactory(account=account)
+    run = dispatch("expire-leases").run
     chunk = only_chunk(run)
 
     assert apply_chunk(chunk.message) == Outcome.DELETED
@@ -40,11 +41,11 @@ def test_delivery_deletes_expired_holds_and_commits_the_chunk(expired_holds, sec
     assert chunk.rows_deleted == 5
     assert (chunk.deliveries, chunk.deliveries_completed, chunk.noop_deliveries) == (1, 1, 0)
     assert run.state == Run.State.COMPLETED
-    assert list(SeatHold.objects.all()) == [active]
+    assert list(Lease.objects.all()) == [active]
 
 
-def test_same_chunk_delivered_twice_second_is_noop(expired_holds):
-    chunk = only_chunk(dispatch("expire-holds").run)
+def test_same_chunk_delivered_twice_second_is_noop(expired_leases):
+    chunk = only_chunk(dispatch("expire-leases").run)
     apply_chunk(chunk.message)
 
     assert apply_chunk(chunk.message) == Outcome.NOOP
@@ -54,26 +55,26 @@ def test_same_chunk_delivered_twice_second_is_noop(expired_holds):
     assert (chunk.deliveries, chunk.deliveries_completed, chunk.noop_deliveries) == (2, 2, 1)
 
 
-def test_hold_renewed_or_confirmed_after_planning_survives(expired_holds):
-    renewed, confirmed, *others = expired_holds
-    chunk = only_chunk(dispatch("expire-holds").run)
-    renew_hold(renewed.pk)
-    confirm_hold(confirmed.pk)
+def test_hold_renewed_or_confirmed_after_planning_survives(expired_leases):
+    renewed, kept, *others = expired_leases
+    chunk = only_chunk(dispatch("expire-leases").run)
+    renew_lease(renewed.pk)
+    keep_lease(kept.pk)
 
     apply_chunk(chunk.message)
 
     chunk.refresh_from_db()
-    assert set(SeatHold.objects.values_list("pk", flat=True)) == {renewed.pk, confirmed.pk}
+    assert set(Lease.objects.values_list("pk", flat=True)) == {renewed.pk, kept.pk}
     assert (chunk.rows_deleted, chunk.items_skipped) == (3, 2)
 
 
-def test_failure_just_before_commit_changes_nothing_and_retry_succeeds(expired_holds):
-    chunk = only_chunk(dispatch("expire-holds").run)
+def test_failure_just_before_commit_changes_nothing_and_retry_succeeds(expired_leases):
+    chunk = only_chunk(dispatch("expire-leases").run)
     seen = []
 
     def connection_lost_before_commit():
         # The DELETE and the ledger write ran in this transaction, not yet committed.
-        seen.append(SeatHold.objects.count())
+        seen.append(Lease.objects.count())
         if len(seen) == 1:
             raise OperationalError("injected: connection lost before commit")
 
@@ -83,12 +84,12 @@ def test_failure_just_before_commit_changes_nothing_and_retry_succeeds(expired_h
     chunk.refresh_from_db()
     assert seen == [0, 0]  # the first attempt rolled back: the retry deleted again
     assert (chunk.rows_deleted, chunk.transient_retries, chunk.deliveries_completed) == (5, 1, 1)
-    assert SeatHold.objects.count() == 0
+    assert Lease.objects.count() == 0
 
 
-def test_transient_error_outlasting_retries_is_raised_for_redelivery(expired_holds, settings):
+def test_transient_error_outlasting_retries_is_raised_for_redelivery(expired_leases, settings):
     settings.CLEANUP_TRANSIENT_RETRIES = 2
-    chunk = only_chunk(dispatch("expire-holds").run)
+    chunk = only_chunk(dispatch("expire-leases").run)
 
     def always_lost():
         raise OperationalError("injected: connection lost before commit")
@@ -97,17 +98,17 @@ def test_transient_error_outlasting_retries_is_raised_for_redelivery(expired_hol
         apply_chunk(chunk.message)
 
     chunk.refresh_from_db()
-    assert SeatHold.objects.count() == 5
+    assert Lease.objects.count() == 5
     assert (chunk.state, chunk.rows_deleted, chunk.failures) == (Chunk.State.RETRYING, 0, 1)
     assert chunk.failure_class == Chunk.FailureClass.TRANSIENT
     assert "connection lost" in chunk.last_error
 
     assert apply_chunk(chunk.message) == Outcome.DELETED  # the broker's redelivery
-    assert SeatHold.objects.count() == 0
+    assert Lease.objects.count() == 0
 
 
-def test_deterministic_error_is_dead_lettered_at_once(expired_holds):
-    chunk = only_chunk(dispatch("expire-holds").run)
+def test_deterministic_error_is_dead_lettered_at_once(expired_leases):
+    chunk = only_chunk(dispatch("expire-leases").run)
 
     def bug():
         raise TypeError("injected programming error")
@@ -119,30 +120,30 @@ def test_deterministic_error_is_dead_lettered_at_once(expired_holds):
     assert chunk.state == Chunk.State.DEAD_LETTERED
     assert chunk.failure_class == Chunk.FailureClass.ERROR
     assert "injected programming error" in chunk.last_error
-    assert SeatHold.objects.count() == 5
+    assert Lease.objects.count() == 5
 
 
-def test_redelivery_after_commit_without_ack_is_noop(expired_holds):
-    chunk = only_chunk(dispatch("expire-holds").run)
+def test_redelivery_after_commit_without_ack_is_noop(expired_leases):
+    chunk = only_chunk(dispatch("expire-leases").run)
     apply_chunk(chunk.message)  # committed; the worker "dies" before django-q2 acks
-    SeatHoldFactory(section=expired_holds[0].section, expired=True)  # a newer expired hold
+    LeaseFactory(account=expired_leases[0].account, expired=True)  # a newer expired lease
 
     assert apply_chunk(chunk.message) == Outcome.NOOP
 
     chunk.refresh_from_db()
     assert chunk.state == Chunk.State.COMMITTED
     assert chunk.rows_deleted == 5
-    assert SeatHold.objects.count() == 1
+    assert Lease.objects.count() == 1
 
 
 def test_cutoff_stays_frozen_when_the_clock_moves_on_during_retries(
-    section, monkeypatch
+    account, monkeypatch
 ):
     cutoff = timezone.now() - timedelta(hours=2)
-    old = SeatHoldFactory(section=section, expires_at=cutoff - timedelta(minutes=5))
+    old = LeaseFactory(account=account, expires_at=cutoff - timedelta(minutes=5))
     # Expired by now, but not at the frozen cutoff: a later delivery must leave it.
-    later = SeatHoldFactory(section=section, expires_at=cutoff + timedelta(minutes=30))
-    chunk = only_chunk(dispatch("expire-holds", scheme="range", cutoff=cutoff).run)
+    later = LeaseFactory(account=account, expires_at=cutoff + timedelta(minutes=30))
+    chunk = only_chunk(dispatch("expire-leases", scheme="range", cutoff=cutoff).run)
     real_record, real_now = transitions.commit, timezone.now
     attempts = []
 
@@ -157,23 +158,23 @@ def test_cutoff_stays_frozen_when_the_clock_moves_on_during_retries(
 
     assert apply_chunk(chunk.message) == Outcome.DELETED
     assert len(attempts) == 2
-    assert list(SeatHold.objects.all()) == [later]
-    assert not SeatHold.objects.filter(pk=old.pk).exists()
+    assert list(Lease.objects.all()) == [later]
+    assert not Lease.objects.filter(pk=old.pk).exists()
 
 
-def test_message_whose_items_differ_from_the_ledger_is_refused(expired_holds):
-    chunk = only_chunk(dispatch("expire-holds").run)
+def test_message_whose_items_differ_from_the_ledger_is_refused(expired_leases):
+    chunk = only_chunk(dispatch("expire-leases").run)
     message = {**chunk.message, "items": chunk.message["items"][:1]}
 
     assert apply_chunk(message) == Outcome.DEAD_LETTERED
 
     chunk.refresh_from_db()
     assert "differ from the chunk in the ledger" in chunk.last_error
-    assert SeatHold.objects.count() == 5
+    assert Lease.objects.count() == 5
 
 
-def test_captured_delete_carries_the_whole_predicate_in_its_own_where(expired_holds):
-    chunk = only_chunk(dispatch("expire-holds").run)
+def test_captured_delete_carries_the_whole_predicate_in_its_own_where(expired_leases):
+    chunk = only_chunk(dispatch("expire-leases").run)
 
     with CaptureQueriesContext(connection) as queries:
         apply_chunk(chunk.message)
@@ -182,37 +183,37 @@ def test_captured_delete_carries_the_whole_predicate_in_its_own_where(expired_ho
     deletes = [s for s in statements if s.lstrip().upper().startswith("DELETE")]
     assert len(deletes) == 1, statements
     (delete,) = deletes
-    table = SeatHold._meta.db_table
+    table = Lease._meta.db_table
     assert delete.startswith(f'DELETE FROM "{table}" WHERE')
     where = delete.split(" WHERE ", 1)[1]
-    assert f'"{table}"."status" = \'held\'' in where
+    assert f'"{table}"."state" = \'active\'' in where
     assert f'"{table}"."expires_at" <=' in where
     # Each (id, observed expiry) pair is matched against the row's own columns.
     assert f'("{table}"."id", "{table}"."expires_at") IN (SELECT * FROM unnest(' in where
     assert f'FROM "{table}"' not in where  # no subquery over the table itself
-    # Never read the holds first and delete them by pk.
+    # Never read the leases first and delete them by pk.
     assert not any(
         s.upper().startswith("SELECT") and f'FROM "{table}"' in s for s in statements
     )
 
 
 def test_whole_table_range_delete_carries_bounds_and_predicate_without_a_tenant(
-        expired_holds):
-    (chunk,) = chunks_of(dispatch("expire-holds", scheme="range").run)
+        expired_leases):
+    (chunk,) = chunks_of(dispatch("expire-leases", scheme="range").run)
 
     with CaptureQueriesContext(connection) as queries:
         assert apply_chunk(chunk.message) == Outcome.DELETED
 
     (delete,) = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("DELETE")]
     where = delete.split(" WHERE ", 1)[1]
-    assert "SELECT" not in where and '"tenant_id"' not in where
-    for column in ('"status" = \'held\'', '"expires_at" <=', '"id" >=', '"id" <'):
+    assert "SELECT" not in where and '"account_id"' not in where
+    for column in ('"state" = \'active\'', '"expires_at" <=', '"id" >=', '"id" <'):
         assert column in where
 
 
-def test_a_range_message_missing_its_tenant_for_a_partitioned_policy_is_refused(db):
-    ReminderAttemptFactory(stale=True)
-    chunk = dispatch("purge-reminder-attempts").run.chunks.get()
+def test_a_range_message_missing_its_partition_for_a_partitioned_policy_is_refused(db):
+    LeaseLogFactory(stale=True)
+    chunk = dispatch("purge-lease-logs").run.chunks.get()
     forged = {k: v for k, v in chunk.message.items() if k != "partition"}
 
     assert apply_chunk(forged) == Outcome.DEAD_LETTERED
@@ -221,25 +222,40 @@ def test_a_range_message_missing_its_tenant_for_a_partitioned_policy_is_refused(
 
 
 def test_range_delete_carries_tenant_bounds_and_predicate(db):
-    stale = ReminderAttemptFactory.create_batch(3, stale=True)
-    run = dispatch("purge-reminder-attempts").run
+    stale = LeaseLogFactory.create_batch(3, stale=True)
+    run = dispatch("purge-lease-logs").run
 
     with CaptureQueriesContext(connection) as queries:
         for chunk in chunks_of(run):
             apply_chunk(chunk.message)
 
     deletes = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("DELETE")]
-    assert len(deletes) == len(stale)  # three tenants, one range each
+    assert len(deletes) == len(stale)  # three accounts, one range each
     for delete in deletes:
         where = delete.split(" WHERE ", 1)[1]
         assert "SELECT" not in where
-        for column in ('"sent_at" <=', '"tenant_id" =', '"id" >=', '"id" <'):
+        for column in ('"recorded_at" <=', '"account_id" =', '"id" >=', '"id" <'):
             assert column in where
 
 
+def test_before_delete_sees_exactly_the_rows_the_delete_removes(expired_leases):
+    renewed, kept, *others = expired_leases  # inside the chunk's id range, all of them
+    (chunk,) = chunks_of(dispatch("expire-leases-range").run)
+    renew_lease(renewed.pk)
+    keep_lease(kept.pk)
+
+    assert apply_chunk(chunk.message) == Outcome.DELETED
+
+    assert sorted(LeaseLog.objects.values_list("lease_id", flat=True)) == sorted(
+        lease.pk for lease in others)
+    assert set(Lease.objects.values_list("pk", flat=True)) == {renewed.pk, kept.pk}
+    assert apply_chunk(chunk.message) == Outcome.NOOP  # a redelivery logs nothing more
+    assert LeaseLog.objects.count() == 3
+
+
 def test_a_version_3_range_message_naming_its_partition_tenant_id_is_still_read(db):
-    ReminderAttemptFactory.create_batch(2, stale=True)
-    run = dispatch("purge-reminder-attempts").run
+    LeaseLogFactory.create_batch(2, stale=True)
+    run = dispatch("purge-lease-logs").run
     chunk = chunks_of(run)[0]
     assert chunk.message["version"] == 4 and "partition" in chunk.message
     v3 = {k: v for k, v in chunk.message.items() if k != "partition"}
@@ -265,8 +281,8 @@ def test_unidentifiable_bad_message_is_kept_as_orphan(db, raw, reason):
     assert orphan.raw
 
 
-def test_unknown_version_is_dead_lettered_with_its_run_identified(expired_holds):
-    chunk = only_chunk(dispatch("expire-holds").run)
+def test_unknown_version_is_dead_lettered_with_its_run_identified(expired_leases):
+    chunk = only_chunk(dispatch("expire-leases").run)
     message = {**chunk.message, "version": 99}
 
     assert apply_chunk(message) == Outcome.DEAD_LETTERED
@@ -276,11 +292,11 @@ def test_unknown_version_is_dead_lettered_with_its_run_identified(expired_holds)
     assert chunk.failure_class == Chunk.FailureClass.MALFORMED
     assert "unknown message version 99" in chunk.last_error
     assert chunk.run.state == Run.State.COMPLETED_WITH_DEAD_LETTERS
-    assert SeatHold.objects.count() == 5
+    assert Lease.objects.count() == 5
 
 
-def test_a_refused_delivery_keeps_the_message_it_carried_when_it_differs(expired_holds):
-    chunk = only_chunk(dispatch("expire-holds").run)
+def test_a_refused_delivery_keeps_the_message_it_carried_when_it_differs(expired_leases):
+    chunk = only_chunk(dispatch("expire-leases").run)
 
     apply_chunk({**chunk.message, "version": 99})
 
@@ -289,8 +305,8 @@ def test_a_refused_delivery_keeps_the_message_it_carried_when_it_differs(expired
     assert chunk.message["version"] == 4  # the ledger's copy is untouched
 
 
-def test_malformed_message_is_dead_lettered_with_its_run_identified(expired_holds):
-    chunk = only_chunk(dispatch("expire-holds").run)
+def test_malformed_message_is_dead_lettered_with_its_run_identified(expired_leases):
+    chunk = only_chunk(dispatch("expire-leases").run)
     message = {**chunk.message, "items": [["x"]]}
 
     assert apply_chunk(message) == Outcome.DEAD_LETTERED
@@ -302,8 +318,8 @@ def test_malformed_message_is_dead_lettered_with_its_run_identified(expired_hold
 
 
 @pytest.mark.parametrize("observed", ["2026-13-45T00:00:00.000000+00:00", "soon", 12])
-def test_an_observed_value_that_is_no_instant_is_malformed(expired_holds, observed):
-    chunk = only_chunk(dispatch("expire-holds").run)
+def test_an_observed_value_that_is_no_instant_is_malformed(expired_leases, observed):
+    chunk = only_chunk(dispatch("expire-leases").run)
     pk = chunk.message["items"][0][0]
     message = {**chunk.message, "items": [[pk, observed]]}
 
@@ -312,38 +328,38 @@ def test_an_observed_value_that_is_no_instant_is_malformed(expired_holds, observ
     chunk.refresh_from_db()
     assert chunk.failure_class == Chunk.FailureClass.MALFORMED
     assert "observed value" in chunk.last_error
-    assert SeatHold.objects.count() == 5
+    assert Lease.objects.count() == 5
 
 
-def test_previous_message_version_is_still_understood(expired_holds):
-    chunk = only_chunk(dispatch("expire-holds").run)
+def test_previous_message_version_is_still_understood(expired_leases):
+    chunk = only_chunk(dispatch("expire-leases").run)
     v1 = {**chunk.message, "version": 1, "batch_id": chunk.chunk_id}
     del v1["chunk_id"]
 
     assert apply_chunk(v1) == Outcome.DELETED
-    assert SeatHold.objects.count() == 0
+    assert Lease.objects.count() == 0
 
 
-def test_message_for_a_chunk_that_does_not_exist_is_an_orphan(expired_holds):
-    chunk = only_chunk(dispatch("expire-holds").run)
+def test_message_for_a_chunk_that_does_not_exist_is_an_orphan(expired_leases):
+    chunk = only_chunk(dispatch("expire-leases").run)
     message = {**chunk.message, "chunk_id": 999}
 
     assert apply_chunk(message) == Outcome.DEAD_LETTERED
     assert "has no chunk 999" in OrphanMessage.objects.get().error
-    assert SeatHold.objects.count() == 5
+    assert Lease.objects.count() == 5
 
 
-def test_message_whose_cutoff_differs_from_its_run_is_refused(expired_holds):
-    chunk = only_chunk(dispatch("expire-holds").run)
+def test_message_whose_cutoff_differs_from_its_run_is_refused(expired_leases):
+    chunk = only_chunk(dispatch("expire-leases").run)
     message = {**chunk.message, "cutoff": timezone.now().isoformat()}
 
     assert apply_chunk(message) == Outcome.DEAD_LETTERED
-    assert SeatHold.objects.count() == 5
+    assert Lease.objects.count() == 5
 
 
-def test_poison_chunk_is_dead_lettered_after_the_limit(expired_holds, settings):
+def test_poison_chunk_is_dead_lettered_after_the_limit(expired_leases, settings):
     settings.CLEANUP_MAX_UNFINISHED_DELIVERIES = 3
-    chunk = only_chunk(dispatch("expire-holds").run)
+    chunk = only_chunk(dispatch("expire-leases").run)
     # Three deliveries that started and never completed (their worker was killed);
     # tests/test_processes.py kills real processes, this pins the arithmetic.
     Chunk.objects.filter(pk=chunk.pk).update(deliveries=3)
@@ -354,12 +370,12 @@ def test_poison_chunk_is_dead_lettered_after_the_limit(expired_holds, settings):
     assert chunk.state == Chunk.State.DEAD_LETTERED
     assert chunk.failure_class == Chunk.FailureClass.POISON
     assert "3 deliveries started without completing" in chunk.verdict
-    assert SeatHold.objects.count() == 5
+    assert Lease.objects.count() == 5
 
 
-def test_chunk_delivered_three_times_healthily_is_not_dead_lettered(expired_holds, settings):
+def test_chunk_delivered_three_times_healthily_is_not_dead_lettered(expired_leases, settings):
     settings.CLEANUP_MAX_UNFINISHED_DELIVERIES = 3
-    chunk = only_chunk(dispatch("expire-holds").run)
+    chunk = only_chunk(dispatch("expire-leases").run)
 
     outcomes = [apply_chunk(chunk.message) for _ in range(4)]
 
@@ -368,9 +384,9 @@ def test_chunk_delivered_three_times_healthily_is_not_dead_lettered(expired_hold
     assert chunk.state == Chunk.State.COMMITTED
 
 
-def test_committed_chunk_is_never_dead_lettered(expired_holds, settings):
+def test_committed_chunk_is_never_dead_lettered(expired_leases, settings):
     settings.CLEANUP_MAX_UNFINISHED_DELIVERIES = 1
-    chunk = only_chunk(dispatch("expire-holds").run)
+    chunk = only_chunk(dispatch("expire-leases").run)
     apply_chunk(chunk.message)
     Chunk.objects.filter(pk=chunk.pk).update(deliveries=10)
 
@@ -379,11 +395,11 @@ def test_committed_chunk_is_never_dead_lettered(expired_holds, settings):
     assert chunk.state == Chunk.State.COMMITTED
 
 
-def test_requeued_dead_letter_gets_a_fresh_delivery_limit(expired_holds, settings):
-    from cleanup.replay import replay
+def test_requeued_dead_letter_gets_a_fresh_delivery_limit(expired_leases, settings):
+    from cleanup.engine.replay import replay
 
     settings.CLEANUP_MAX_UNFINISHED_DELIVERIES = 2
-    chunk = only_chunk(dispatch("expire-holds").run)
+    chunk = only_chunk(dispatch("expire-leases").run)
     Chunk.objects.filter(pk=chunk.pk).update(deliveries=2)
     apply_chunk(chunk.message)
 
@@ -395,19 +411,19 @@ def test_requeued_dead_letter_gets_a_fresh_delivery_limit(expired_holds, setting
     assert chunk.dead_letters == 1  # counters only add
 
 
-def test_idempotency_keys_are_logged_at_debug(expired_holds, caplog):
-    chunk = only_chunk(dispatch("expire-holds").run)
-    hold = expired_holds[0]
+def test_idempotency_keys_are_logged_at_debug(expired_leases, caplog):
+    chunk = only_chunk(dispatch("expire-leases").run)
+    lease = expired_leases[0]
 
     with caplog.at_level("DEBUG", logger="cleanup.worker"):
         apply_chunk(chunk.message)
 
     events = [r.msg for r in caplog.records if isinstance(r.msg, dict)]
     keys = [e["idempotency_key"] for e in events if "idempotency_key" in e]
-    assert f"expire-reservation:{hold.pk}:{hold.expires_at.isoformat()}" in keys
+    assert f"lease:{lease.pk}:{lease.expires_at.isoformat()}" in keys
     assert len(keys) == 5
     (outcome,) = [e for e in events if e["event"] == "chunk outcome"]
     assert (outcome["run_id"], outcome["chunk_id"], outcome["outcome"]) == (
         str(chunk.run_id), chunk.chunk_id, "deleted")
-    assert (outcome["rows_deleted"], outcome["policy"]) == (5, "expire-holds")
+    assert (outcome["rows_deleted"], outcome["policy"]) == (5, "expire-leases")
 

@@ -14,12 +14,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='run',
             name='chunk_size',
-            field=models.PositiveIntegerField(default=0, help_text='Rows per chunk chosen at dispatch (cleanup.sizing).'),
+            field=models.PositiveIntegerField(default=0, help_text='Rows per chunk chosen at dispatch (cleanup.engine.sizing).'),
         ),
         migrations.AddField(
             model_name='run',
             name='max_span',
-            field=models.PositiveBigIntegerField(blank=True, help_text='Widest id span of a range chunk (cleanup.sizing); empty: no cap.', null=True),
+            field=models.PositiveBigIntegerField(blank=True, help_text='Widest id span of a range chunk (cleanup.engine.sizing); empty: no cap.', null=True),
         ),
         migrations.AlterField(
             model_name='chunk',

@@ -5,14 +5,15 @@ from __future__ import annotations
 from django import template
 
 from cleanup import display
+from cleanup.console import badges
 
 register = template.Library()
 
 
 @register.filter
 def state_badge(obj):
-    """A chunk's or a run's state as its badge."""
-    return display.badge(obj.state, obj.get_state_display())
+    """A chunk's or a run's state as its badge, as the lists show it (unknown included)."""
+    return badges.state_badge(obj)
 
 
 @register.filter

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cleanup.transport import CHUNK_TASK
+from cleanup.engine.transport import CHUNK_TASK
 from config.devtools import MANAGE
 
 

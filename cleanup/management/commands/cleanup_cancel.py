@@ -1,9 +1,9 @@
 from django.core.management.base import CommandError
 
-from cleanup import operations
+from cleanup.engine import operations
 from cleanup.management.base import RUN_HELP, CleanupCommand
 from cleanup.models import Run
-from cleanup.status import get_run
+from cleanup.observability.status import get_run
 
 
 class Command(CleanupCommand):

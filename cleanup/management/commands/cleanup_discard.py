@@ -1,6 +1,6 @@
-from cleanup import operations
+from cleanup.engine import operations
 from cleanup.management.base import RUN_HELP, CleanupCommand, WholeNumber, count
-from cleanup.status import get_run
+from cleanup.observability.status import get_run
 
 
 class Command(CleanupCommand):

@@ -5,12 +5,16 @@ import time
 from contextlib import contextmanager
 
 from cleanup.cutoffs import parse_cutoff
-from cleanup.dispatch import describe_dispatch, dispatch
 from cleanup.display import number
+from cleanup.engine.dispatch import (
+    describe_dispatch,
+    dispatch,
+    dispatch_in_process,
+    preview_dispatch,
+)
 from cleanup.management.base import CleanupCommand, count
-from cleanup.models import Run
+from cleanup.observability.status import run_summary
 from cleanup.policies import SCHEMES
-from cleanup.status import run_summary
 
 
 class Command(CleanupCommand):
@@ -35,17 +39,15 @@ class Command(CleanupCommand):
         started = time.monotonic()
         # --sync: one progress line on stderr instead of a log line per chunk.
         show = sync and not options["json"] and self.stderr.isatty()
+        cutoff = None if cutoff is None else parse_cutoff(cutoff)
         with quiet_chunk_logs(sync):
-            result = dispatch(
-                policy,
-                scheme=scheme,
-                cutoff=None if cutoff is None else parse_cutoff(cutoff),
-                key=key,
-                trigger=Run.Trigger.COMMAND,
-                sync=sync,
-                dry_run=dry_run,
-                progress=self._progress if show else None,
-            )
+            if dry_run:
+                result = preview_dispatch(policy, scheme=scheme, cutoff=cutoff)
+            elif sync:
+                result = dispatch_in_process(policy, scheme=scheme, cutoff=cutoff, key=key,
+                                             progress=self._progress if show else None)
+            else:
+                result = dispatch(policy, scheme=scheme, cutoff=cutoff, key=key)
         if show:
             self.stderr.write("", style_func=str)
         applied = result.applied

@@ -2,7 +2,7 @@ from datetime import datetime
 
 from cleanup.display import ago, duration, number, utc_text
 from cleanup.management.base import CleanupCommand, count
-from cleanup.status import policy_rows
+from cleanup.observability.status import policy_rows
 
 
 class Command(CleanupCommand):

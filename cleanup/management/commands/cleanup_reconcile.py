@@ -1,5 +1,5 @@
+from cleanup.engine.reconcile import reconcile
 from cleanup.management.base import CleanupCommand, count
-from cleanup.reconcile import reconcile
 
 
 class Command(CleanupCommand):

@@ -1,9 +1,9 @@
-from cleanup import operations
 from cleanup.cutoffs import parse_cutoff
+from cleanup.engine import operations
+from cleanup.engine.replay import replay
 from cleanup.exceptions import CleanupError
 from cleanup.management.base import RUN_HELP, CleanupCommand, WholeNumber, count
 from cleanup.models import Run
-from cleanup.replay import replay
 
 
 class Command(CleanupCommand):

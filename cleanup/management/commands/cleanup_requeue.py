@@ -1,8 +1,8 @@
-from cleanup import operations
+from cleanup.engine import operations
 from cleanup.exceptions import CleanupError
 from cleanup.management.base import RUN_HELP, CleanupCommand, WholeNumber, count
 from cleanup.models import Chunk
-from cleanup.status import get_run, requeue_preview
+from cleanup.observability.status import get_run, requeue_preview
 
 
 class Command(CleanupCommand):

@@ -6,8 +6,8 @@ from cleanup.display import number, utc_text
 from cleanup.exceptions import UnknownPolicy
 from cleanup.management.base import CleanupCommand, Since, WholeNumber
 from cleanup.models import Run
+from cleanup.observability.status import run_summary
 from cleanup.policies import get_policy
-from cleanup.status import run_summary
 
 # Each listed run costs a few queries: a list stays one screenful of pages at most.
 MAX_LIMIT = 10_000

@@ -1,7 +1,7 @@
 from dataclasses import asdict
 
 from cleanup.management.base import CleanupCommand
-from cleanup.schedules import install_schedules
+from cleanup.scheduling.schedules import install_schedules
 
 
 class Command(CleanupCommand):

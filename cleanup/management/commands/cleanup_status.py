@@ -1,6 +1,6 @@
 from cleanup.exceptions import CleanupError
 from cleanup.management.base import CleanupCommand, count
-from cleanup.status import get_run, latest_run, run_summary
+from cleanup.observability.status import get_run, latest_run, run_summary
 
 
 class Command(CleanupCommand):
@@ -31,7 +31,7 @@ class Command(CleanupCommand):
             f"  chunks: {chunks or 'none'}",
             f"  {count(result['rows_changed'], 'row')} {result['mutation']}d, "
             f"{result['items_skipped']} skipped "
-            f"(no longer eligible), {result['noops']} no-op deliveries of "
+            f"(no longer eligible), {result['noop_deliveries']} no-op deliveries of "
             f"{result['deliveries']}",
         ]
         if verbosity > 1:

@@ -13,8 +13,8 @@ from django.db import connection
 from django.utils import timezone
 from django_q.brokers import get_broker
 
-from cleanup import window
 from cleanup.conf import conf
+from cleanup.engine import window
 from cleanup.models import Chunk, Run
 from cleanup.policies import get_policy
 from config.devtools.bench import data

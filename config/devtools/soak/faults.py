@@ -16,11 +16,11 @@ from django.db import connection, connections, models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from cleanup.dispatch import dispatch
+from cleanup.engine.dispatch import dispatch
+from cleanup.engine.replay import replay
+from cleanup.engine.transport import send
 from cleanup.models import Chunk, Run
-from cleanup.replay import replay
 from cleanup.tasks import dispatch_scheduled
-from cleanup.transport import send
 from config.devtools.processes import Cluster, title
 from config.devtools.soak.traffic import TrafficLog
 from reservations.exceptions import ReservationError

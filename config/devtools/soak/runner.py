@@ -16,13 +16,13 @@ from django.test.utils import override_settings
 from django.utils import timezone
 from django_q.brokers import get_broker
 
-from cleanup import operations, window
-from cleanup.dispatch import dispatch
+from cleanup.engine import operations, window
+from cleanup.engine.dispatch import dispatch
+from cleanup.engine.reconcile import reconcile
+from cleanup.engine.replay import replay
+from cleanup.engine.transport import queue_shares_transaction
 from cleanup.models import Chunk, Run
 from cleanup.policies import get_policy, register
-from cleanup.reconcile import reconcile
-from cleanup.replay import replay
-from cleanup.transport import queue_shares_transaction
 from config.devtools.processes import Cluster
 from config.devtools.soak import faults, reminders
 from config.devtools.soak.poison import POISON_CHANNEL, POISON_POLICY, register_poison_policy

@@ -54,7 +54,7 @@ class Command(BaseCommand):
         for run in report.runs:
             lines.append(
                 f"{run['policy']:<26}{run['candidates']:>11}{run['chunks_planned']:>8}"
-                f"{run['rows_changed']:>9}{run['items_skipped']:>9}{run['noops']:>8}"
+                f"{run['rows_changed']:>9}{run['items_skipped']:>9}{run['noop_deliveries']:>8}"
                 f"{run['deliveries']:>12}  {run['state']} ({run['mutation']})"
             )
         racing = report.racing

@@ -1,0 +1,102 @@
+"""How the console's actions run: only the ones offered, the destructive ones confirmed
+on a second page (the pattern of Django's ``delete_selected``), then back to where the
+operator acted from, with what they did and what they left alone."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Max
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.translation import ngettext
+
+
+def actor(request) -> str:
+    return f"admin:{request.user.get_username()}"
+
+
+class ConfirmedActionsAdmin(admin.ModelAdmin):
+    """Actions over a ledger list, each checked, confirmed and reported the same way."""
+
+    def changelist_view(self, request, extra_context=None):
+        """Refuse, with 403, an action this user was not offered (a forged POST)."""
+        action = request.POST.get("action") if request.method == "POST" else None
+        if action and action not in self.get_actions(request):
+            raise PermissionDenied
+        return super().changelist_view(request, extra_context)
+
+    def report(self, request, result, done: str, done_plural: str, skipped: str) -> None:
+        """Tell the operator what an action did and what it left alone."""
+        self.message_user(
+            request, ngettext(done, done_plural, result.done) % {"count": result.done},
+            messages.SUCCESS if result.done else messages.WARNING,
+        )
+        if result.skipped:
+            self.message_user(request, skipped % {"count": result.skipped}, messages.WARNING)
+
+    def confirmation(self, request, queryset, action: str, title: str, question: str,
+                     form=None):
+        """The two-step confirmation page of a destructive action."""
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "question": question,
+            "objects": queryset[:100],
+            "count": queryset.count(),
+            "action": action,
+            "form": form,
+            "opts": self.model._meta,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "next": self._next_url(request) or "",
+            "back": self._next_url(request) or request.get_full_path(),
+        }
+        if self._across(request):
+            # Every row of the filtered list: carried as the filter itself (thousands of
+            # ids would pass Django's limit on form fields), with what it held when shown.
+            context.update(select_across=True, expected=self._fingerprint(queryset),
+                           selected=[str(queryset.order_by("pk").values_list(
+                               "pk", flat=True).first())])
+        else:
+            context["selected"] = [str(pk) for pk in
+                                   queryset.order_by().values_list("pk", flat=True)]
+        return TemplateResponse(request, "admin/cleanup/confirm_action.html", context)
+
+    def confirmed(self, request, queryset) -> bool:
+        """The operator said yes on the confirmation page, to exactly what it showed."""
+        if request.POST.get("post") != "yes":
+            return False
+        if self._across(request) and request.POST.get("expected") != self._fingerprint(
+                queryset):
+            self.message_user(request, "The rows the list holds changed since the "
+                              "confirmation was shown: check them and confirm again.",
+                              messages.WARNING)
+            return False
+        return True
+
+    @staticmethod
+    def _across(request) -> bool:
+        return request.POST.get("select_across") == "1"
+
+    @staticmethod
+    def _fingerprint(queryset) -> str:
+        """How many rows, and the highest pk: enough to tell a list that gained or lost
+        rows since it was shown."""
+        figures = queryset.order_by().aggregate(rows=Count("pk"), last=Max("pk"))
+        return f"{figures['rows']}:{figures['last']}"
+
+    def _next_url(self, request) -> str | None:
+        """The page the operator acted from (a chunk page, the dead-letter groups), if the
+        action was sent from one; None sends them back to the list they acted on."""
+        target = request.POST.get("next", "")
+        if target and url_has_allowed_host_and_scheme(
+                target, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+            return target
+        return None
+
+    def back_to_where_they_were(self, request):
+        """After an action: the page it was sent from, or (None) the list it ran on."""
+        target = self._next_url(request)
+        return HttpResponseRedirect(target) if target else None

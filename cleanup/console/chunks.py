@@ -1,0 +1,265 @@
+"""The chunks list, the chunk page and the dead letters grouped by cause: where an
+operator replays, requeues or discards chunks."""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from cleanup import display
+from cleanup.console import triage
+from cleanup.console.actions import actor
+from cleanup.console.badges import state_badge
+from cleanup.console.base import LedgerAdmin, runs_by_short_id, shorten
+from cleanup.console.forms import DiscardForm
+from cleanup.engine import operations
+from cleanup.engine.replay import replay
+from cleanup.exceptions import CleanupError
+from cleanup.models import Chunk
+
+
+class ChunkStateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request, model_admin):
+        first = Chunk.State.DEAD_LETTERED
+        return [(first, first.label)] + [(s, s.label) for s in Chunk.State if s != first]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(state=self.value()) if self.value() else queryset
+
+
+class ChunkAdmin(LedgerAdmin):
+    # A short label (#12) beside its run's short id; fits a 1366 px laptop.
+    list_display = ("label", "state_badge", "failure", "tries", "changed", "error", "when")
+    list_display_links = None  # the label links to the chunk, its second line to the run
+    list_filter = (ChunkStateFilter, "failure_class", "run__policy")
+    list_select_related = ("run",)
+    search_fields = ("cause",)
+    search_help_text = "A run's id (or the 8 digits the console shows), or an error's text."
+    actions = ["replay_chunks", "requeue_chunks", "discard_chunks"]
+    fieldsets = [
+        (None, {"fields": ("run_link", "chunk_id", "state", "planned_rows")}),
+        ("Failure", {"fields": ("failure_class", "reason", "last_error_text",
+                                "discard_reason")}),
+        ("Outcome", {"fields": ("rows_deleted", "rows_updated", "items_skipped", "deliveries",
+                                "deliveries_completed", "noop_deliveries", "failures",
+                                "transient_retries", "dead_letters")}),
+        ("Message", {"fields": ("message_as_sent", "message_received")}),
+        ("Timestamps", {"fields": ("planned_at", "enqueued_at", "last_delivery_at",
+                                   "committed_at", "acknowledged_at", "dead_lettered_at",
+                                   "discarded_at")}),
+    ]
+    readonly_fields = [f for _, spec in fieldsets for f in spec["fields"]]
+
+    def get_fieldsets(self, request, obj=None):
+        """What went wrong first on a chunk that failed; otherwise no failure section. The
+        message a refused delivery carried shows beside the one sent, where it differed."""
+        fieldsets = self.fieldsets
+        if obj is None or not obj.received_message:
+            fieldsets = [(name, {"fields": tuple(f for f in spec["fields"]
+                                                 if f != "message_received")})
+                         for name, spec in fieldsets]
+        if obj is not None and (obj.failure_class or obj.last_error):
+            failure = [spec for spec in fieldsets if spec[0] == "Failure"]
+            return failure + [spec for spec in fieldsets if spec[0] != "Failure"]
+        return [spec for spec in fieldsets if spec[0] != "Failure"]
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        extra_context = {**(extra_context or {}),
+                         "can_requeue": self.has_requeue_permission(request),
+                         "can_discard": self.has_discard_permission(request)}
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    @admin.display(description="reason")
+    def reason(self, chunk):
+        """What the operator reads first: the error's own line, then the verdict."""
+        return chunk.failure_summary or "-"
+
+    def lookup_allowed(self, lookup, value, request=None):
+        # A run's chunks (its page links here) and a dead-letter group (by its cause).
+        return lookup in ("run", "run__id__exact", "cause") or super().lookup_allowed(
+            lookup, value, request)
+
+    @admin.display(description="chunk", ordering="run__created_at")
+    def label(self, chunk):
+        return format_html(
+            '<a href="{}">#{}</a><br><small>{} <span class="policy-name">{}</span></small>',
+            reverse("admin:cleanup_chunk_change", args=[chunk.pk]), chunk.chunk_id,
+            display.id_html(chunk.run_id, reverse("admin:cleanup_run_change",
+                                                  args=[chunk.run_id])), chunk.run.policy)
+
+    @admin.display(description="tries", ordering="deliveries")
+    def tries(self, chunk):
+        return display.number(chunk.deliveries)
+
+    @admin.display(description="changed")
+    def changed(self, chunk):
+        """Rows deleted or, for an update policy, updated."""
+        return display.number(chunk.rows_changed)
+
+    @admin.display(description="failure", ordering="failure_class")
+    def failure(self, chunk):
+        """The failure's class, its description on hover."""
+        if not chunk.failure_class:
+            return ""
+        return format_html('<span class="nowrap" title="{}">{}</span>',
+                           chunk.get_failure_class_display(), chunk.failure_class)
+
+    @admin.display(description="last change")
+    def when(self, chunk):
+        moment = (chunk.acknowledged_at or chunk.committed_at or chunk.dead_lettered_at
+                  or chunk.discarded_at or chunk.last_delivery_at or chunk.planned_at)
+        return display.moment_html(moment, relative=True)
+
+    @admin.display(description="run", ordering="run__created_at")
+    def run_link(self, chunk):
+        return display.id_html(chunk.run_id, reverse("admin:cleanup_run_change",
+                                                     args=[chunk.run_id]))
+
+    @admin.display(description="policy", ordering="run__policy")
+    def policy(self, chunk):
+        return chunk.run.policy
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, chunk):
+        return state_badge(chunk)
+
+    @admin.display(description="last error")
+    def error(self, chunk):
+        """The last real error's own line, and the poison verdict below it."""
+        summary = chunk.failure_summary
+        if not summary:
+            return ""
+        if not chunk.cause or not chunk.verdict.strip():
+            return format_html('<span title="{}">{}</span>', summary, shorten(summary, 60))
+        # Both: the verdict (why the engine gave up) must not be cut off behind the cause.
+        verdict = chunk.verdict.strip().splitlines()[0]
+        return format_html('<span title="{}">{}<br><small>{}</small></span>', summary,
+                           shorten(chunk.cause, 60), shorten(verdict, 60))
+
+    @admin.display(description="message as sent")
+    def message_as_sent(self, chunk):
+        """Collapsed: an items message holds thousands of pairs."""
+        items = chunk.message.get("items")
+        what = (f"{len(items)} items" if isinstance(items, list)
+                else f"range [{chunk.message.get('start_id')}, {chunk.message.get('end_id')})")
+        return format_html('<details class="message"><summary>Version {}, {} (show the '
+                           'message)</summary><pre>{}</pre></details>',
+                           chunk.message.get("version"), what,
+                           json.dumps(chunk.message, indent=1))
+
+    @admin.display(description="message received")
+    def message_received(self, chunk):
+        """What the refused delivery carried, where it differed from the message sent."""
+        try:
+            text = json.dumps(json.loads(chunk.received_message), indent=1)
+        except ValueError:
+            text = chunk.received_message
+        return format_html('<details class="message" open><summary>Differs from the message '
+                           'as sent</summary><pre>{}</pre></details>', text)
+
+    @admin.display(description="last error")
+    def last_error_text(self, chunk):
+        return format_html("<pre>{}</pre>", chunk.last_error) if chunk.last_error else "-"
+
+    @admin.action(description="Replay selected chunks (committed ones become no-ops)",
+                  permissions=["replay"])
+    def replay_chunks(self, request, queryset):
+        if not self.confirmed(request, queryset):
+            return self.confirmation(
+                request, queryset, "replay_chunks", "Replay chunks",
+                "Each selected chunk is sent again with its run's own cutoff. Committed "
+                "chunks turn into no-ops; dead-lettered ones are requeued.")
+        # Exactly the chunks selected, grouped by run: without the model's ordering,
+        # which would join the run into the query.
+        selected: dict = {}
+        for run_id, chunk_id in queryset.order_by().values_list("run_id", "chunk_id"):
+            selected.setdefault(run_id, []).append(chunk_id)
+        resent = skipped = 0
+        for run_id, chunk_ids in selected.items():
+            try:
+                result = replay(run_id, chunk_ids=chunk_ids)
+            except CleanupError as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+                continue
+            resent, skipped = resent + result.resent, skipped + result.skipped
+            self.log_change(request, result.run, f"Replayed chunks {sorted(chunk_ids)}")
+        self.report(request, operations.ActionResult(resent, skipped),
+                    "%(count)d chunk re-sent.", "%(count)d chunks re-sent.",
+                    "%(count)d discarded or cancelled chunks were left alone.")
+        return self.back_to_where_they_were(request)
+
+    @admin.action(description="Requeue selected dead-lettered chunks", permissions=["requeue"])
+    def requeue_chunks(self, request, queryset):
+        if not self.confirmed(request, queryset):
+            return self.confirmation(
+                request, queryset, "requeue_chunks", "Requeue chunks",
+                "Each dead-lettered chunk goes back to the queue with its run's own cutoff, "
+                "its run reopens, and the poison limit counts afresh. Other chunks are left "
+                "alone.")
+        result = operations.requeue([c.pk for c in queryset], actor=actor(request))
+        for chunk in Chunk.objects.filter(pk__in=result.affected):
+            self.log_change(request, chunk, "Requeued")
+        self.report(request, result, "%(count)d chunk requeued.", "%(count)d chunks requeued.",
+                    "%(count)d chunks were not dead-lettered (or their run was cancelled) "
+                    "and were left alone.")
+        return self.back_to_where_they_were(request)
+
+    @admin.action(description="Discard selected dead-lettered chunks", permissions=["discard"])
+    def discard_chunks(self, request, queryset):
+        form = DiscardForm(request.POST if "reason" in request.POST else None)
+        if not self.confirmed(request, queryset) or not form.is_valid():
+            return self.confirmation(
+                request, queryset, "discard_chunks", "Discard chunks",
+                "Only dead-lettered chunks are discarded; no delivery will retry them.",
+                form=form)
+        result = operations.discard([c.pk for c in queryset], form.cleaned_data["reason"],
+                                    actor=actor(request))
+        for chunk in Chunk.objects.filter(pk__in=result.affected):
+            self.log_change(request, chunk, f"Discarded: {form.cleaned_data['reason']}")
+        self.report(request, result, "%(count)d chunk discarded.",
+                    "%(count)d chunks discarded.",
+                    "%(count)d chunks were not dead-lettered and were left alone.")
+        return self.back_to_where_they_were(request)
+
+    def get_urls(self):
+        return [
+            path("dead-letters/", self.admin_site.admin_view(self.dead_letters_view),
+                 name="cleanup_chunk_dead_letters"),
+        ] + super().get_urls()
+
+    def dead_letters_view(self, request):
+        """Dead letters grouped by cause, each group requeued or discarded as one."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        policy = request.GET.get("policy") or None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Dead letters by cause",
+            "opts": self.opts,
+            "groups": triage.dead_letter_groups(policy=policy),
+            "policy": policy,
+            "can_requeue": self.has_requeue_permission(request),
+            "can_discard": self.has_discard_permission(request),
+        }
+        return TemplateResponse(request, "admin/cleanup/chunk/dead_letters.html", context)
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {**(extra_context or {}),
+                         "dead_letter_groups_url": reverse("admin:cleanup_chunk_dead_letters")}
+        return super().changelist_view(request, extra_context)
+
+    def get_search_results(self, request, queryset, search_term):
+        """A run's full or short id finds its chunks; other text searches the causes."""
+        if display.parse_id(search_term) is not None:
+            runs = runs_by_short_id(search_term)
+            if runs:
+                return queryset.filter(run_id__in=runs), False
+        return super().get_search_results(request, queryset, search_term)

@@ -1,0 +1,110 @@
+"""Operator actions on runs and chunks, shared by the admin and the commands.
+
+Each acts only on the rows still in a state it applies to and reports the others
+as skipped, so a stale page or a second click changes nothing twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import structlog
+from django.db import transaction
+
+from cleanup.engine import outcomes, transitions, transport
+from cleanup.exceptions import CleanupError, UnknownChunk
+from cleanup.models import Chunk, Run
+
+log = structlog.get_logger("cleanup.operations")
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    done: int
+    skipped: int
+    affected: tuple = ()  # pks of the rows the action changed
+
+
+class AllChunks:
+    """The explicit "every chunk of the run" selection (an empty list selects none)."""
+
+    def __repr__(self) -> str:
+        return "ALL_CHUNKS"
+
+
+ALL_CHUNKS = AllChunks()
+
+
+def chunk_pks(run: Run, chunk_ids: Iterable[int] | AllChunks, *,
+              state: str | None = None) -> list[int]:
+    """Translate a run's chunk ids into chunk pks; ``ALL_CHUNKS`` (in ``state``) for all.
+
+    An empty selection is refused: a caller whose filter matched nothing must never
+    act on the whole run by accident.
+    """
+    chunks = Chunk.objects.filter(run=run)
+    if chunk_ids is ALL_CHUNKS:
+        if state is not None:
+            chunks = chunks.filter(state=state)
+        return list(chunks.order_by("chunk_id").values_list("pk", flat=True))
+    chunk_ids = sorted(set(chunk_ids or ()))
+    if not chunk_ids:
+        raise CleanupError(f"no chunk of run {run.id} selected; name chunk ids, or ask for "
+                           "all of its chunks")
+    found = dict(chunks.filter(chunk_id__in=chunk_ids).values_list("chunk_id", "pk"))
+    missing = [number for number in chunk_ids if number not in found]
+    if missing:
+        raise UnknownChunk(run.id, missing)
+    return [found[number] for number in chunk_ids]
+
+
+def requeue(pks: Iterable[int], *, resend: bool = True, actor: str = "") -> ActionResult:
+    """Put dead-lettered chunks back in the queue; their runs reopen.
+
+    The deliveries that never completed are set aside, so the poison limit counts
+    afresh; the counters themselves keep adding. Chunks of a cancelled run stay put.
+    """
+    pks = list(pks)
+    with transaction.atomic():
+        chunks = transitions.requeue(pks)
+        if resend:
+            transport.send(chunks)
+    _log("requeued", chunks, actor)
+    return ActionResult(len(chunks), len(pks) - len(chunks), tuple(c.pk for c in chunks))
+
+
+def discard(pks: Iterable[int], reason: str, *, actor: str = "") -> ActionResult:
+    """Give up on dead-lettered chunks for a stated reason; their runs may complete."""
+    reason = required_reason(reason)
+    pks = list(pks)
+    with transaction.atomic():
+        chunks = outcomes.discard(pks, reason)
+    _log("discarded", chunks, actor, reason=reason)
+    return ActionResult(len(chunks), len(pks) - len(chunks), tuple(c.pk for c in chunks))
+
+
+def required_reason(reason: str | None) -> str:
+    reason = (reason or "").strip()
+    if not reason:
+        raise CleanupError("a reason is required to discard a chunk")
+    return reason
+
+
+def cancel(run_ids: Iterable, *, actor: str = "") -> ActionResult:
+    """Cancel running runs: their unfinished chunks become cancelled, and any later
+    delivery of them is a no-op. Work already committed stays."""
+    run_ids = list(run_ids)
+    with transaction.atomic():
+        cancelled = outcomes.cancel_runs(run_ids)
+    for run, chunks in cancelled:
+        log.info("run cancelled", run_id=str(run.id), policy=run.policy,
+                 chunks_cancelled=chunks, actor=actor)
+    runs = [run for run, _ in cancelled]
+    return ActionResult(len(runs), len(run_ids) - len(runs), tuple(r.pk for r in runs))
+
+
+def _log(event: str, chunks: list[Chunk], actor: str, **extra) -> None:
+    for chunk in chunks:
+        log.info(f"chunk {event}", run_id=str(chunk.run_id), chunk_id=chunk.chunk_id,
+                 actor=actor, **extra)

@@ -1,0 +1,235 @@
+"""The window: at most W chunks of a policy in flight, each next one planned as one ends.
+
+A run plans its chunks as it goes. Dispatch plans the first window; then whichever
+transaction ends a chunk (its commit, its dead letter, an operator's discard or
+cancel) tops the window up again, so W chains advance the frontier and one chunk's
+fate never stops the run. The runs of one policy share its window: a second run waits
+for room, oldest first. Every chunk is a ledger row with its message before it is
+sent; with django-q2's ORM broker the message commits with the transaction that
+planned it, with another broker it is sent after that commit (and the reconciler
+sends one that a crash in between left planned).
+
+A run its dispatching process applies (``--sync``) plans its chunks without sending
+them. Its process holds a lease on it (cleanup.engine.process_lock); once the lease is gone
+(the process died), whoever looks first hands the run to the queue: its unfinished
+chunks are sent and the window goes on as for any other run.
+"""
+
+from __future__ import annotations
+
+import structlog
+from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from cleanup.conf import conf
+from cleanup.engine import (
+    frontier,
+    messages,
+    planning,
+    process_lock,
+    sizing,
+    transitions,
+    transport,
+)
+from cleanup.exceptions import UnknownPolicy, summary_of
+from cleanup.models import Chunk, Run
+from cleanup.policies import Policy, get_policy
+
+log = structlog.get_logger("cleanup.window")
+
+
+def size(policy: Policy) -> int:
+    """The policy's window: its own, or ``CLEANUP_WINDOW``."""
+    return policy.window or conf.WINDOW
+
+
+def in_flight(policy_name: str) -> int:
+    """Chunks of the policy's running runs that are planned, enqueued or retrying."""
+    return Chunk.objects.filter(run__policy=policy_name, run__state=Run.State.RUNNING,
+                                state__in=Chunk.UNFINISHED).count()
+
+
+def lock_policy(policy_name: str) -> None:
+    """Serialise planning per policy until the transaction ends."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"cleanup:{policy_name}"]
+        )
+
+
+def top_up(policy_name: str, *, strict: bool = False) -> int:
+    """Plan and send chunks of the policy's running runs, oldest run first, until W are
+    in flight or every run is planned; return how many were planned.
+
+    Runs in the caller's transaction, under the policy's planning lock, so two chunks
+    ending at once cannot plan the same range twice or overfill the window. A run whose
+    planning fails is left with the error and skipped, so it cannot block the others;
+    ``strict`` (dispatch) raises instead, so the dispatch writes nothing.
+    """
+    try:
+        policy = get_policy(policy_name)
+    except UnknownPolicy:
+        return 0  # a policy no longer registered plans nothing more
+    lock_policy(policy.name)
+    runs = list(Run.objects.filter(policy=policy.name, state=Run.State.RUNNING)
+                .filter(Q(planned_all=False) | Q(in_process=True))
+                .order_by("created_at", "pk").values_list("pk", "planned_all", "in_process"))
+    _take_over(policy.name, [pk for pk, _, in_process in runs if in_process])
+    room = size(policy) - in_flight(policy.name)
+    planned = 0
+    for run_id in [pk for pk, planned_all, _ in runs if not planned_all]:
+        if room <= 0:
+            break
+        try:
+            with transaction.atomic():
+                added = _top_up_run(run_id, policy, room)
+        except Exception as exc:  # noqa: BLE001 - kept on the run, retried later
+            if strict:
+                raise
+            log.error("planning the next chunk failed", policy=policy.name,
+                      run_id=str(run_id), error=str(exc))
+            transitions.record_planning_error(run_id, summary_of(exc))
+            continue
+        room -= added
+        planned += added
+    return planned
+
+
+def _top_up_run(run_id, policy: Policy, room: int) -> int:
+    # Locked, then checked again: a cancel that committed meanwhile is seen here.
+    run = Run.objects.select_for_update().get(pk=run_id)
+    if run.state != Run.State.RUNNING or run.planned_all:
+        return 0
+    run.next_chunk_size, run.max_span = sizing.next_size(run, policy)
+    added = 0
+    while added < room and not run.planned_all:
+        if _plan_next(run, policy):
+            added += 1
+    transitions.record_planning(run)
+    if run.planned_all:
+        # Its last chunk may have finished already (or it found nothing): settled here.
+        transitions.settle_run(run.pk)
+    return added
+
+
+def take_over_abandoned(policy_name: str) -> list:
+    """Hand the policy's in-process runs whose process is gone to the queue, in the
+    caller's transaction; return their ids.
+
+    Whoever notices first does it: a chunk's top-up, the reconciler, a dispatch
+    before it coalesces a slot (which must never join a run that nobody applies).
+    """
+    lock_policy(policy_name)
+    taken = _take_over(policy_name, list(
+        Run.objects.filter(policy=policy_name, state=Run.State.RUNNING, in_process=True)
+        .values_list("pk", flat=True)))
+    if taken:
+        top_up(policy_name)  # the window refilled, as a chunk's end would
+    return taken
+
+
+def _take_over(policy_name: str, in_process: list) -> list:
+    if not in_process:
+        return []
+    # The lease is the process's own session lock: gone the moment that session ends.
+    alive = process_lock.held(in_process)
+    taken = []
+    for run_id in in_process:
+        if run_id in alive:
+            continue
+        try:
+            with transaction.atomic():
+                # Proven again under a lock the owner cannot take back meanwhile.
+                if process_lock.absent_in_transaction(run_id) and _to_queue(run_id):
+                    taken.append(run_id)
+        except Exception as exc:  # noqa: BLE001 - the next noticer tries again
+            log.error("taking over an abandoned in-process run failed", policy=policy_name,
+                      run_id=str(run_id), error=str(exc))
+            continue
+        log.warning("in-process run taken over by the workers", policy=policy_name,
+                    run_id=str(run_id),
+                    reason="its --sync process is gone: the lease it held was released")
+    return taken
+
+
+def hand_over(run_id, reason: str) -> bool:
+    """Give a run this process applied (``--sync``) to the queue: its unfinished chunks
+    are sent and the policy's window is topped up; False if it was no longer in process
+    (taken over meanwhile) or has finished."""
+    with transaction.atomic():
+        policy = Run.objects.filter(pk=run_id).values_list("policy", flat=True).first()
+        if policy is None:
+            return False
+        lock_policy(policy)
+        handed = _to_queue(run_id)
+        top_up(policy)
+    if handed:
+        log.info("run handed to the queue", run_id=str(run_id), policy=policy, reason=reason)
+    return handed
+
+
+def _to_queue(run_id) -> bool:
+    """in process → queued, and the unfinished chunks sent (with the ORM broker in this
+    transaction, otherwise once it commits)."""
+    if not transitions.hand_over(run_id):
+        return False
+    if transport.queue_shares_transaction():
+        transport.send_unfinished(run_id)
+    else:
+        transaction.on_commit(lambda: transport.send_unfinished(run_id))
+    return True
+
+
+def top_up_safely(policy_name: str) -> int:
+    """``top_up`` in a savepoint: a chunk's outcome commits even if planning the next
+    one fails (the reconciler tops the window up again later)."""
+    try:
+        with transaction.atomic():
+            return top_up(policy_name)
+    except Exception as exc:  # noqa: BLE001 - the outcome must commit whatever failed
+        log.error("planning the next chunk failed", policy=policy_name, error=str(exc))
+        return 0
+
+
+def top_up_now(policy_name: str) -> int:
+    """``top_up`` in a transaction of its own."""
+    with transaction.atomic():
+        return top_up(policy_name)
+
+
+def _plan_next(run: Run, policy: Policy) -> bool:
+    """Plan the chunk at the run's frontier and send it; False if nothing was left."""
+    chunk, following = planning.next_chunk(
+        policy, run.frozen, run.scheme, frontier.load(run.frontier), run.next_chunk_size,
+        span_end=run.span_end, max_span=run.max_span,
+    )
+    run.frontier = frontier.dump(following)
+    run.planned_all = following is None
+    if chunk is None:
+        run.planned_all, run.frontier = True, None
+        return False
+    chunk_id = run.chunks_planned + 1
+    now = timezone.now()
+    send_now = not run.in_process and transport.queue_shares_transaction()
+    row = transitions.plan_chunk(
+        run, chunk_id,
+        _message(run, chunk_id, chunk, partitioned=policy.partition_column is not None),
+        chunk.rows, send_now=send_now, now=now,
+    )
+    if send_now:
+        transport.send([row])
+    elif not run.in_process:
+        run_id = run.pk
+        transaction.on_commit(lambda: transport.send_planned(run_id))
+    run.chunks_planned = chunk_id
+    run.candidates += chunk.rows
+    return True
+
+
+def _message(run: Run, chunk_id: int, planned: planning.PlannedChunk, *,
+             partitioned: bool) -> dict:
+    if planned.items is not None:
+        return messages.items_message(run, chunk_id, planned.items)
+    return messages.range_message(run, chunk_id, planned.partition, planned.start_id,
+                                  planned.end_id, partitioned=partitioned)

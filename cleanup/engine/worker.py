@@ -1,0 +1,292 @@
+"""Apply one chunk: the conditional DELETE and its ledger row commit together."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from datetime import datetime
+from enum import StrEnum
+
+import structlog
+from django.db import InterfaceError, OperationalError, connection, transaction
+from django.utils import timezone
+
+from cleanup import faults
+from cleanup.conf import conf
+from cleanup.engine import messages, orphans, outcomes, process_lock, transitions
+from cleanup.engine.messages import ChunkMessage
+from cleanup.exceptions import MalformedMessage, UnknownPolicy, traceback_of
+from cleanup.expressions import PairsIn
+from cleanup.models import Chunk, Run
+from cleanup.policies import Policy, get_policy
+
+log = structlog.get_logger("cleanup.worker")
+
+# Deadlocks, lock and statement timeouts, serialization failures and dropped
+# connections all surface as one of these; each can succeed when tried again.
+TRANSIENT_ERRORS = (OperationalError, InterfaceError)
+
+
+class Outcome(StrEnum):
+    DELETED = "deleted"
+    UPDATED = "updated"  # an update policy's chunk changed rows
+    NOOP = "noop"
+    DEAD_LETTERED = "dead_lettered"
+
+
+def apply_chunk(raw) -> Outcome:
+    """Apply one delivery of a chunk message and return its outcome.
+
+    Returns only after the outcome committed. A transient error that outlasts the
+    in-task retries is re-raised, so the broker delivers the message again.
+    """
+    try:
+        message = messages.parse(raw)
+        policy = get_policy(message.policy)
+    except (MalformedMessage, UnknownPolicy) as exc:
+        return _dead_letter_message(raw, exc)
+
+    chunk = _start_delivery(raw, message, policy)
+    if chunk is None or chunk.state == Chunk.State.DEAD_LETTERED:
+        return Outcome.DEAD_LETTERED
+
+    retries = 0
+    while True:
+        try:
+            return _apply(chunk, message, policy, retries)
+        except TRANSIENT_ERRORS as exc:
+            _reset_broken_connection()
+            if retries >= conf.TRANSIENT_RETRIES:
+                _record_failure(chunk, exc, retries)
+                raise
+            retries += 1
+            time.sleep(conf.TRANSIENT_BACKOFF * 2 ** (retries - 1) * random.uniform(0.5, 1.5))
+        except Exception as exc:
+            # Anything else is deterministic (a bug, a predicate the database rejects):
+            # another delivery would fail the same way.
+            _reset_broken_connection()
+            outcomes.dead_letter(chunk, traceback_of(exc), Chunk.FailureClass.ERROR)
+            return Outcome.DEAD_LETTERED
+
+
+def chunk_statement(policy: Policy, message: ChunkMessage, frozen: dict[str, datetime]):
+    """Return the queryset whose delete() (or, for an update policy, update()) is the
+    chunk's single conditional statement.
+
+    ``frozen`` is the run's parameters as stored at dispatch, never recomputed.
+    """
+    rows = policy.eligible_rows(frozen)
+    if message.items is not None:
+        return rows.filter(PairsIn("pk", policy.observed_field, message.items))
+    partition = {policy.partition_column: message.partition} if policy.partition_column else {}
+    return rows.filter(**partition, pk__gte=message.start_id, pk__lt=message.end_id)
+
+
+def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) -> Outcome:
+    started = time.monotonic()
+    with transaction.atomic():
+        _set_lock_timeout()
+        # Not the message: the delivery's start already compared it with the ledger.
+        current = (
+            Chunk.objects.select_for_update()
+            .only("state", "planned_rows", "run_id")
+            .get(pk=chunk.pk)
+        )
+        state = current.state
+        if state in Chunk.UNFINISHED and Run.objects.filter(
+                pk=current.run_id, state=Run.State.CANCELLED).exists():
+            # Cancelled while a delivery held this chunk: nothing more is deleted.
+            transitions.cancel_late(current)
+            state = Chunk.State.CANCELLED
+        if state not in Chunk.UNFINISHED:
+            transitions.count_noop(current, retries=retries)
+            deleted = updated = 0
+            outcome = Outcome.NOOP
+        else:
+            statement = chunk_statement(policy, message, chunk.run.frozen)
+            deleted = updated = 0
+            if policy.update is not None:
+                # One UPDATE with the whole predicate in its own WHERE, as for a DELETE.
+                updated = statement.update(**policy.update)
+                outcome = Outcome.UPDATED if updated else Outcome.NOOP
+            else:
+                if policy.before_delete is not None:
+                    statement = _locked(statement)
+                    policy.before_delete(statement)
+                deleted, _ = statement.delete()
+                outcome = Outcome.DELETED if deleted else Outcome.NOOP
+            outcomes.commit(current, deleted=deleted, updated=updated, retries=retries,
+                            elapsed=time.monotonic() - started)
+            faults.reach(faults.BEFORE_COMMIT)
+    log.info(
+        "chunk outcome",
+        run_id=message.run_id,
+        chunk_id=message.chunk_id,
+        policy=policy.name,
+        outcome=str(outcome),
+        mutation=policy.mutation,
+        rows_changed=deleted + updated,
+        rows_deleted=deleted,
+        rows_updated=updated,
+        planned_rows=current.planned_rows,
+        already=state if state not in Chunk.UNFINISHED else None,
+        transient_retries=retries,
+    )
+    if message.items is not None and logging.getLogger("cleanup.worker").isEnabledFor(
+        logging.DEBUG
+    ):
+        for pk, observed in message.items:
+            text = observed.isoformat() if isinstance(observed, datetime) else observed
+            log.debug("item", run_id=message.run_id, chunk_id=message.chunk_id,
+                      idempotency_key=f"{policy.idempotency_prefix}:{pk}:{text}")
+    return outcome
+
+
+def _locked(doomed):
+    """Lock the rows the DELETE is about to remove and narrow it to exactly those.
+
+    A hook that sums what is deleted (the ledger purge's roll-up) must see the same
+    rows as the DELETE; without the narrowing, a row that became eligible while the lock
+    waited (a chunk committing meanwhile) would be deleted without being summed. It
+    waits for the next run instead.
+    """
+    # In pk order and without the model's default ordering, which joins the run.
+    locked = list(doomed.select_for_update().order_by("pk").values_list("pk", flat=True))
+    return doomed.filter(pk__in=locked)
+
+
+def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
+    """Count the delivery in its own commit; dead-letter a chunk that keeps dying.
+    None if the message names no chunk or was refused (the chunk dead-lettered).
+
+    The start is committed before the work so a worker killed mid-chunk still leaves
+    its trace: deliveries started minus completed is what django-q2 cannot count.
+    """
+    with transaction.atomic():
+        chunk = (
+            Chunk.objects.select_for_update(of=("self",))
+            .select_related("run")
+            .filter(run_id=message.run_id, chunk_id=message.chunk_id)
+            .first()
+        )
+        if chunk is None:
+            orphans.record_orphan(raw, f"run {message.run_id} has no chunk {message.chunk_id}",
+                                 run_id=message.run_id, chunk_id=message.chunk_id)
+            return None
+        failure_class = Chunk.FailureClass.MALFORMED
+        run = chunk.run
+        if run.policy != policy.name or run.cutoff != message.cutoff:
+            reason = "message policy or cutoff does not match its run"
+        elif message.parameters is not None and message.parameters != run.frozen_parameters:
+            reason = "message parameters do not match the ones its run froze"
+        elif policy.derive is not None and not run.parameters:
+            # Planned before parameters were frozen: recomputing them would read today's
+            # settings, so the run is left to an operator's replay.
+            reason = (f"run froze no parameters but policy {policy.name!r} derives some: "
+                      "replay it with a new cutoff")
+        elif not _same_work(raw, message, chunk.message):
+            reason = "message items or range differ from the chunk in the ledger"
+        elif (
+            chunk.state in Chunk.UNFINISHED
+            and _unfinished(chunk) >= conf.MAX_UNFINISHED_DELIVERIES
+        ):
+            failure_class = Chunk.FailureClass.POISON
+            reason = (
+                f"{_unfinished(chunk)} deliveries started without completing "
+                f"(limit {conf.MAX_UNFINISHED_DELIVERIES})"
+            )
+        else:
+            reason = ""
+        transitions.start_delivery(chunk, received_at=timezone.now())
+    if reason:
+        _refuse(raw, chunk, reason, failure_class)
+        return None
+    return chunk
+
+
+def _refuse(raw, chunk: Chunk, reason: str, failure_class: str) -> None:
+    """Dead-letter a chunk for a message it cannot act on; if the chunk had already
+    finished, keep the message where malformed ones are kept, so it leaves a trace."""
+    received = _if_other(raw, chunk)
+    if not outcomes.dead_letter(chunk, reason, failure_class, received=received):
+        orphans.record_orphan(raw, f"{reason} (chunk already {chunk.state})",
+                             run_id=str(chunk.run_id), chunk_id=chunk.chunk_id)
+
+
+def _if_other(raw, chunk: Chunk) -> str:
+    """The received message as text, if it is not the one the ledger sent."""
+    if messages.as_dict(raw) == chunk.message:
+        return ""
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", "replace")
+    text = raw if isinstance(raw, str) else json.dumps(raw, indent=1, default=str)
+    return text.replace("\x00", "\\u0000")  # PostgreSQL text holds no NUL
+
+
+def _same_work(raw, received: ChunkMessage, ledger_copy: dict) -> bool:
+    """The ledger's copy is the authority on what a chunk covers.
+
+    A message as sent equals its copy; only one that differs (an older version, a
+    forged one) is parsed again to compare what it covers.
+    """
+    if messages.as_dict(raw) == ledger_copy:
+        return True
+    planned = messages.parse(ledger_copy)
+    covered = ("items", "whole_table", "partition", "start_id", "end_id")
+    return [getattr(received, name) for name in covered] == [
+        getattr(planned, name) for name in covered
+    ]
+
+
+def _unfinished(chunk: Chunk) -> int:
+    return chunk.deliveries - chunk.deliveries_completed - chunk.unfinished_forgiven
+
+
+def _record_failure(chunk: Chunk, exc: BaseException, retries: int) -> None:
+    transitions.retry(chunk, error=traceback_of(exc), retries=retries)
+    log.warning(
+        "chunk failed, left for redelivery",
+        **transitions.chunk_fields(chunk),
+        outcome="unknown",
+        error=str(exc).strip(),
+        transient_retries=retries,
+    )
+
+
+def _dead_letter_message(raw, exc: Exception) -> Outcome:
+    run_id, chunk_id = messages.identify(raw)
+    chunk = None
+    if run_id is not None and chunk_id is not None:
+        chunk = (
+            Chunk.objects.select_related("run").filter(run_id=run_id, chunk_id=chunk_id).first()
+        )
+    if chunk is None:
+        orphans.record_orphan(raw, str(exc), run_id=run_id, chunk_id=chunk_id)
+    else:
+        transitions.start_delivery(chunk, received_at=None)
+        _refuse(raw, chunk, f"malformed message: {exc}", Chunk.FailureClass.MALFORMED)
+    return Outcome.DEAD_LETTERED
+
+
+def _set_lock_timeout() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT set_config('lock_timeout', %s, true)", [f"{conf.LOCK_TIMEOUT_MS}ms"]
+        )
+
+
+def _reset_broken_connection() -> None:
+    """Drop a connection the error left unusable, so the next attempt reconnects."""
+    if connection.in_atomic_block:
+        return
+    if process_lock.leased_here():
+        # It holds a --sync run's lease: closed only if broken (the lease is gone with
+        # it then), never for its age, which would give the run up to the workers.
+        if connection.connection is not None and not connection.is_usable():
+            connection.close()
+        return
+    connection.close_if_unusable_or_obsolete()
+
+

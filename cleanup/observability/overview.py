@@ -1,0 +1,221 @@
+"""Per-policy health read from the ledger: backlog, stalled work, missed schedules.
+
+"Missed schedule" (the scheduler did not fire a slot that is due) and "stalled work"
+(chunks sent, or slots fired, and not finished within the lease) are separate signals
+with separate owners: the first points at the scheduler, the second at workers or the
+database (see cleanup.scheduling.triggers).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from croniter import croniter
+from django.db.models import Count, Min, Q
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+from django_q.models import Schedule
+
+from cleanup import display
+from cleanup.conf import conf, lease
+from cleanup.expressions import Clamped
+from cleanup.models import Chunk, Run
+from cleanup.policies import Policy, all_policies
+from cleanup.scheduling import triggers
+from cleanup.scheduling.schedules import NAME_PREFIX
+
+
+@dataclass(frozen=True)
+class ScheduleStatus:
+    installed: bool
+    cron: str | None = None
+    next_slot: datetime | None = None  # the next slot from now
+    expected_slot: datetime | None = None  # the first slot the scheduler has not fired
+    lag: timedelta = timedelta(0)
+    missed: bool = False
+    undispatched: int = 0  # slots fired but taken by no worker within the lease
+    period: timedelta | None = None
+
+
+UNSCHEDULED_BACKLOG_LIMIT = timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One thing the overview's banner says, as the alert rules would page for it."""
+
+    policy: str | None
+    kind: str
+    title: str
+    detail: str
+    level: str = "critical"
+
+
+@dataclass(frozen=True)
+class PolicyOverview:
+    policy: str
+    eligible_rows: int
+    oldest_eligible_since: datetime | None
+    unfinished_chunks: int
+    oldest_unfinished_since: datetime | None
+    stalled_chunks: int
+    awaiting_ack: int
+    dead_letters: int
+    last_success: Run | None
+    schedule: ScheduleStatus
+    now: datetime
+
+    @property
+    def oldest_eligible_age(self) -> timedelta | None:
+        return _age(self.now, self.oldest_eligible_since)
+
+    @property
+    def oldest_unfinished_age(self) -> timedelta | None:
+        return _age(self.now, self.oldest_unfinished_since)
+
+    @property
+    def stalled(self) -> bool:
+        """Work that was handed over and is not getting done: chunks, or fired slots."""
+        return self.stalled_chunks > 0 or self.schedule.undispatched > 0
+
+    @property
+    def backlog_age_limit(self) -> timedelta:
+        """How old the oldest eligible row may get (CleanupBacklogTooOld's limit); a day
+        for a policy no schedule runs."""
+        return backlog_age_limit(self.schedule) or UNSCHEDULED_BACKLOG_LIMIT
+
+    @property
+    def backlog_too_old(self) -> bool:
+        age = self.oldest_eligible_age
+        return age is not None and age > self.backlog_age_limit
+
+    def alerts(self) -> list[Alert]:
+        """What the shipped alert rules would say about this policy now."""
+        found = []
+        if self.schedule.missed:
+            found.append(Alert(self.policy, "missed-schedule", "Missed schedule",
+                               f"the scheduler has not fired the slot due "
+                               f"{display.ago(self.schedule.expected_slot, self.now)}"))
+        if self.stalled:
+            parts = []
+            if self.stalled_chunks:
+                parts.append(f"{self.stalled_chunks:,} of {self.unfinished_chunks:,} "
+                             "unfinished chunks sent longer than the lease ago")
+            if self.schedule.undispatched:
+                parts.append(f"{self.schedule.undispatched:,} fired slots no worker "
+                             "dispatched")
+            found.append(Alert(self.policy, "stalled", "Stalled work", "; ".join(parts)))
+        if self.backlog_too_old:
+            found.append(Alert(
+                self.policy, "backlog", "Backlog too old",
+                f"{self.eligible_rows:,} rows eligible, the oldest for "
+                f"{display.duration(self.oldest_eligible_age.total_seconds())} (limit "
+                f"{display.duration(self.backlog_age_limit.total_seconds())})"))
+        if self.dead_letters:
+            found.append(Alert(self.policy, "dead-letters", "Dead letters waiting",
+                               f"{self.dead_letters:,} chunks need a person: requeue "
+                               "after a fix, or discard with a reason", level="warning"))
+        return found
+
+
+def banner(policies: list[PolicyOverview], clusters: list[dict]) -> list[Alert]:
+    """Every alert the overview shows at its top: the clusters', then each policy's."""
+    found = []
+    if not any(cluster.get("taking_work") for cluster in clusters):
+        found.append(Alert(None, "no-worker", "No worker cluster is taking work",
+                           "start manage.py qcluster: nothing is dispatched or applied"
+                           if clusters else "no cluster has ever beaten: start "
+                           "manage.py qcluster"))
+    for policy in policies:
+        found.extend(policy.alerts())
+    return found
+
+
+def overview(now: datetime | None = None) -> list[PolicyOverview]:
+    now = now or timezone.now()
+    return [policy_overview(p, now) for p in all_policies()]
+
+
+def policy_overview(policy: Policy, now: datetime, *, exact: bool = True) -> PolicyOverview:
+    """One policy's health; ``exact=False`` estimates the backlog's size from the planner."""
+    rows = policy.eligible_rows(policy.freeze(now))
+    if exact:
+        eligible = rows.aggregate(rows=Count("pk"), oldest=Min(Clamped(policy.observed_field)))
+    else:
+        eligible = rows.aggregate(oldest=Min(Clamped(policy.observed_field)))
+        eligible["rows"] = planner_estimate(rows) if eligible["oldest"] else 0
+    unfinished = Q(state__in=Chunk.UNFINISHED)
+    chunks = (
+        Chunk.objects.filter(run__policy=policy.name)
+        # Stalled: unfinished for longer than the lease since it was (re)sent, however
+        # many deliveries started meanwhile (one stuck on row locks keeps starting).
+        .alias(sent_at=Coalesce("enqueued_at", "planned_at"))
+        .aggregate(
+            unfinished=Count("pk", filter=unfinished),
+            oldest_unfinished=Min("planned_at", filter=unfinished),
+            stalled=Count("pk", filter=unfinished & Q(sent_at__lt=now - lease())),
+            awaiting_ack=Count("pk", filter=Q(state=Chunk.State.COMMITTED)),
+            dead=Count("pk", filter=Q(state=Chunk.State.DEAD_LETTERED)),
+        )
+    )
+    last_success = (
+        Run.objects.filter(policy=policy.name, state=Run.State.COMPLETED)
+        .order_by("-finished_at")
+        .first()
+    )
+    oldest = eligible["oldest"]
+    return PolicyOverview(
+        policy=policy.name,
+        eligible_rows=eligible["rows"],
+        oldest_eligible_since=policy.eligible_since(oldest) if oldest else None,
+        unfinished_chunks=chunks["unfinished"],
+        oldest_unfinished_since=chunks["oldest_unfinished"],
+        stalled_chunks=chunks["stalled"],
+        awaiting_ack=chunks["awaiting_ack"],
+        dead_letters=chunks["dead"],
+        last_success=last_success,
+        schedule=schedule_status(policy, now),
+        now=now,
+    )
+
+
+def schedule_status(policy: Policy, now: datetime) -> ScheduleStatus:
+    """Whether the scheduler fires the policy's slots, from the trigger ledger."""
+    if policy.schedule is None:
+        return ScheduleStatus(installed=False)
+    schedule = Schedule.objects.filter(name=f"{NAME_PREFIX}{policy.name}").first()
+    if schedule is None:
+        return ScheduleStatus(installed=False, cron=policy.schedule)
+    lag = triggers.schedule_lag(policy.name, schedule.cron, now)
+    return ScheduleStatus(
+        installed=True,
+        cron=schedule.cron,
+        next_slot=croniter(schedule.cron, now).get_next(datetime),
+        expected_slot=lag.expected_slot,
+        lag=lag.lag,
+        missed=lag.lag > timedelta(seconds=conf.SCHEDULE_GRACE_SECONDS),
+        undispatched=triggers.undispatched(policy.name, now),
+        period=triggers.period(schedule.cron, now),
+    )
+
+
+def backlog_age_limit(schedule: ScheduleStatus) -> timedelta | None:
+    """How old the oldest eligible row may get before the backlog is too old.
+
+    Two schedule periods (a row that became eligible just after a run waits one period
+    for the next, and that run may take a while) plus the lease (how long a chunk may
+    take before it counts as stalled).
+    """
+    return 2 * schedule.period + lease() if schedule.period else None
+
+
+def planner_estimate(queryset) -> int:
+    """Rows PostgreSQL expects the queryset to return, from EXPLAIN: no rows are read."""
+    plan = json.loads(queryset.explain(format="json"))
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+def _age(now: datetime, since: datetime | None) -> timedelta | None:
+    return max(now - since, timedelta(0)) if since else None
