@@ -104,7 +104,7 @@ class Settings:
         as recent chunks of the policy and scheme deleted in this many milliseconds
         (0: always the policy's chunk_size), bounded by the floor and the ceilings.
 
-        40 ms: at 50 the chunks' p99 reached 100 ms (README, Performance).
+        40 ms: at 50 the chunks' p99 reached 100 ms (docs/performance.md).
         """
         return self._read("CHUNK_BUDGET_MS", 40)
 

@@ -8,6 +8,8 @@ from datetime import datetime
 from django.db import models
 from django.utils import timezone
 
+from cleanup.display import short_id
+
 # What chunks' statements changed, whichever their policy's mutation: rows deleted, or
 # updated. The one definition, as an expression over chunk rows and over sums of them.
 ROWS_CHANGED = models.F("rows_deleted") + models.F("rows_updated")
@@ -242,7 +244,7 @@ class Chunk(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"chunk #{self.chunk_id} of run {str(self.run_id)[:8]}"
+        return f"chunk #{self.chunk_id} of run {short_id(self.run_id)}"
 
     @property
     def rows_changed(self) -> int:

@@ -4,9 +4,6 @@ expired holds deleted, due renewal reminders marked ready and sent, replays no-o
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -19,6 +16,7 @@ from django_q.tasks import async_task
 
 from cleanup.engine.dispatch import dispatch
 from cleanup.engine.replay import replay
+from cleanup.management.qcluster import Cluster
 from cleanup.models import Chunk, Run
 from cleanup.observability.status import run_summary
 from cleanup.policies import get_policy
@@ -71,8 +69,8 @@ def run_demo(*, expired: int, active: int, racers: int, timeout: float,
     mail = Path(tempfile.mkdtemp(prefix="demo-mail-"))
     env = {**os.environ, "DJANGO_EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
            "EMAIL_FILE_PATH": str(mail)}
-    cluster = subprocess.Popen([sys.executable, str(MANAGE), "qcluster"], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cluster = Cluster("demo", env, MANAGE)
+    cluster.start()
     runs = [holds_run, attempts_run, marks_run]
     try:
         _wait(lambda: _settled(runs), timeout, "the runs to finish")
@@ -87,8 +85,7 @@ def run_demo(*, expired: int, active: int, racers: int, timeout: float,
         _wait(lambda: _noops(holds_run) >= resent and _settled(runs), timeout,
               "the replayed chunks to be delivered")
     finally:
-        cluster.send_signal(signal.SIGTERM)
-        cluster.wait(60)
+        cluster.stop(timeout=60)
 
     policy = get_policy(EXPIRE_HOLDS)
     report = DemoReport(runs=[run_summary(Run.objects.get(pk=r.pk)) for r in runs])

@@ -57,7 +57,7 @@ class SeatHold(models.Model):
             models.Index(fields=["tenant", "id"], name="seathold_tenant_id"),
             # Range planning reads each tenant's eligible ids in order from this index
             # alone (an index-only scan): 2.5x faster than through seathold_tenant_id
-            # at a million expired holds (README, Performance).
+            # at a million expired holds (docs/performance.md).
             models.Index(
                 fields=["tenant", "id"],
                 include=["expires_at"],

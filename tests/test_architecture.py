@@ -109,3 +109,11 @@ def test_no_module_is_longer_than_four_hundred_lines():
     long = {name: n for name, path in modules().items()
             if (n := len(path.read_text().splitlines())) > 400}
     assert long == {}
+
+
+def test_the_engine_imports_nothing_of_the_parts_built_on_it():
+    upward = {name: sorted(target for target in targets
+                           if target.startswith(("cleanup.console", "cleanup.observability",
+                                                 "cleanup.scheduling")))
+              for name, targets in import_graph().items() if name.startswith("cleanup.engine")}
+    assert {name: targets for name, targets in upward.items() if targets} == {}

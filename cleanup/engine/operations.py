@@ -6,17 +6,56 @@ as skipped, so a stale page or a second click changes nothing twice.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import structlog
 from django.db import transaction
 
+from cleanup.display import SHORT_ID_LENGTH, id_range, parse_id
 from cleanup.engine import outcomes, transitions, transport
-from cleanup.exceptions import CleanupError, UnknownChunk
+from cleanup.exceptions import CleanupError, UnknownChunk, UnknownRun
 from cleanup.models import Chunk, Run
 
 log = structlog.get_logger("cleanup.operations")
+
+# How many of the runs a short id matches a refusal names.
+SHOWN_CANDIDATES = 5
+
+
+def get_run(run_id) -> Run:
+    """The run with this id: its full id, or the 8-hex short id the admin shows."""
+    text = str(run_id).strip()
+    if not text:
+        raise CleanupError("run id is empty")
+    parsed = parse_id(text)
+    if parsed is None:
+        raise CleanupError(f"no run with id {text}: give its full id or the "
+                           f"{SHORT_ID_LENGTH} hex digits the admin shows")
+    if isinstance(parsed, uuid.UUID):
+        try:
+            return Run.objects.get(pk=parsed)
+        except Run.DoesNotExist:
+            raise UnknownRun(text) from None
+    # The ids that start with these 8 hex digits form one range of the primary key.
+    matches = list(Run.objects.filter(pk__range=id_range(parsed))
+                   .order_by("-created_at")[:SHOWN_CANDIDATES + 1])
+    if not matches:
+        raise UnknownRun(text)
+    if len(matches) > 1:
+        shown = ", ".join(str(run.id) for run in matches[:SHOWN_CANDIDATES])
+        more = " and more" if len(matches) > SHOWN_CANDIDATES else ""
+        raise CleanupError(f"short run id {parsed!r} is ambiguous: it matches {shown}{more}; "
+                           "give the full id")
+    return matches[0]
+
+
+def latest_run() -> Run:
+    run = Run.objects.order_by("-created_at").first()
+    if run is None:
+        raise UnknownRun("(latest): no run yet")
+    return run
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from django.db import transaction
 from cleanup.cutoffs import frozen_cutoff
 from cleanup.engine import operations
 from cleanup.engine.dispatch import dispatch
+from cleanup.engine.operations import get_run
 from cleanup.engine.transport import send
 from cleanup.exceptions import CleanupError
 from cleanup.models import Chunk, Run
-from cleanup.observability.status import get_run
 
 log = structlog.get_logger("cleanup.replay")
 

@@ -2,56 +2,17 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
 
 from django.db.models import Count, Sum
 from django.utils import timezone
 
-from cleanup.display import SHORT_ID_LENGTH, id_range, parse_id
 from cleanup.engine import planning
 from cleanup.engine.window import size as window_size
-from cleanup.exceptions import CleanupError, UnknownPolicy, UnknownRun
+from cleanup.exceptions import UnknownPolicy
 from cleanup.models import Chunk, Run, rows_changed
 from cleanup.observability.overview import overview
 from cleanup.policies import get_policy
-
-# How many of the runs a short id matches a refusal names.
-SHOWN_CANDIDATES = 5
-
-
-def get_run(run_id) -> Run:
-    """The run with this id: its full id, or the 8-hex short id the admin shows."""
-    text = str(run_id).strip()
-    if not text:
-        raise CleanupError("run id is empty")
-    parsed = parse_id(text)
-    if parsed is None:
-        raise CleanupError(f"no run with id {text}: give its full id or the "
-                           f"{SHORT_ID_LENGTH} hex digits the admin shows")
-    if isinstance(parsed, uuid.UUID):
-        try:
-            return Run.objects.get(pk=parsed)
-        except Run.DoesNotExist:
-            raise UnknownRun(text) from None
-    # The ids that start with these 8 hex digits form one range of the primary key.
-    matches = list(Run.objects.filter(pk__range=id_range(parsed))
-                   .order_by("-created_at")[:SHOWN_CANDIDATES + 1])
-    if not matches:
-        raise UnknownRun(text)
-    if len(matches) > 1:
-        shown = ", ".join(str(run.id) for run in matches[:SHOWN_CANDIDATES])
-        more = " and more" if len(matches) > SHOWN_CANDIDATES else ""
-        raise CleanupError(f"short run id {parsed!r} is ambiguous: it matches {shown}{more}; "
-                           "give the full id")
-    return matches[0]
-
-
-def latest_run() -> Run:
-    run = Run.objects.order_by("-created_at").first()
-    if run is None:
-        raise UnknownRun("(latest): no run yet")
-    return run
 
 
 def mutation(run: Run, rows_updated: int = 0) -> str:

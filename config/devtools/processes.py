@@ -1,42 +1,20 @@
-"""The soak's qcluster subprocesses, and finding their workers by process title."""
+"""The bench's and the soak's qcluster subprocesses, and finding their workers by
+process title."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from cleanup.engine.transport import CHUNK_TASK
+from cleanup.management import qcluster
 from config.devtools import MANAGE
 
 
-@dataclass
-class Cluster:
-    """One `manage.py qcluster` subprocess: two hosts' worth means two of these."""
+class Cluster(qcluster.Cluster):
+    """A qcluster of the project's manage.py, whose workers can be found by title."""
 
-    name: str
-    env: dict
-    process: subprocess.Popen | None = None
-    restarts: int = field(default=0)
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, str(MANAGE), "qcluster"], env=self.env,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-
-    def stop(self, timeout: float = 30) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+    def __init__(self, name: str, env: dict):
+        super().__init__(name, env, MANAGE)
 
     def busy_workers(self) -> list[int]:
         """Pids of this cluster's workers that are applying a chunk right now."""

@@ -1,9 +1,9 @@
 from django.core.management.base import CommandError
 
 from cleanup.engine import operations
+from cleanup.engine.operations import get_run
 from cleanup.management.base import RUN_HELP, CleanupCommand
 from cleanup.models import Run
-from cleanup.observability.status import get_run
 
 
 class Command(CleanupCommand):

@@ -1,7 +1,8 @@
 from cleanup.display import number
+from cleanup.engine.operations import get_run
 from cleanup.management.base import RUN_HELP, CleanupCommand, WholeNumber
 from cleanup.models import Chunk
-from cleanup.observability.status import chunk_rows, get_run
+from cleanup.observability.status import chunk_rows
 
 # A cause longer than this is cut in the table (the whole one is in --json and the admin).
 CAUSE_WIDTH = 100

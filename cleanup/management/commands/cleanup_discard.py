@@ -1,6 +1,6 @@
 from cleanup.engine import operations
+from cleanup.engine.operations import get_run
 from cleanup.management.base import RUN_HELP, CleanupCommand, WholeNumber, count
-from cleanup.observability.status import get_run
 
 
 class Command(CleanupCommand):

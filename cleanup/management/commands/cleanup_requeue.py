@@ -1,8 +1,9 @@
 from cleanup.engine import operations
+from cleanup.engine.operations import get_run
 from cleanup.exceptions import CleanupError
 from cleanup.management.base import RUN_HELP, CleanupCommand, WholeNumber, count
 from cleanup.models import Chunk
-from cleanup.observability.status import get_run, requeue_preview
+from cleanup.observability.status import requeue_preview
 
 
 class Command(CleanupCommand):

@@ -1,6 +1,7 @@
+from cleanup.engine.operations import get_run, latest_run
 from cleanup.exceptions import CleanupError
 from cleanup.management.base import CleanupCommand, count
-from cleanup.observability.status import get_run, latest_run, run_summary
+from cleanup.observability.status import run_summary
 
 
 class Command(CleanupCommand):

@@ -1,9 +1,9 @@
-import json
 from datetime import timedelta
 
 from django.core.management.base import BaseCommand, CommandError
 
 from cleanup.management.base import Duration, WholeNumber, count
+from cleanup.management.reports import progress, write_report
 from reservations.demo import run_demo
 from reservations.management.wiping import add_wipe_arguments, confirm_wipe
 
@@ -34,18 +34,13 @@ class Command(BaseCommand):
         if isinstance(timeout, timedelta):  # call_command(timeout=30) passes a number
             timeout = timeout.total_seconds()
         confirm_wipe("The demo", interactive)
-        say = (lambda line: None) if options["json"] else self.stdout.write
+        say = progress(self, options)
         try:
             report = run_demo(expired=expired, active=active, racers=racers,
                               timeout=timeout, say=say)
         except TimeoutError as exc:
             raise CommandError(str(exc)) from exc
-        if options["json"]:
-            self.stdout.write(json.dumps(report.__dict__ | {"ok": report.ok}, default=str))
-        else:
-            self.stdout.write(self.table(report))
-        if not report.ok:
-            raise CommandError("a demo check failed")
+        write_report(self, report, options, table=self.table, failed="a demo check failed")
 
     def table(self, report) -> str:
         header = f"{'policy':<26}{'candidates':>11}{'chunks':>8}{'changed':>9}" \

@@ -1,7 +1,7 @@
-import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from cleanup.management.reports import progress, write_report
 from config.devtools.soak.runner import run_soak
 from config.devtools.wipe import guard
 from reservations.management.wiping import add_wipe_arguments, exit_on_sigterm
@@ -27,15 +27,10 @@ class Command(BaseCommand):
         if duration < 10:
             raise CommandError("--duration must be at least 10 seconds")
         guard("The soak", interactive)
-        say = (lambda line: None) if options["json"] else self.stdout.write
+        say = progress(self, options)
         exit_on_sigterm("cleanup_soak")
         report = run_soak(duration=duration, min_faults=min_faults, seed=seed, say=say)
-        if options["json"]:
-            self.stdout.write(json.dumps(report.__dict__ | {"ok": report.ok}, default=str))
-        else:
-            self.stdout.write(self.table(report))
-        if not report.ok:
-            raise CommandError("a soak check failed")
+        write_report(self, report, options, table=self.table, failed="a soak check failed")
 
     def table(self, report) -> str:
         lines = ["", f"Soak with the {report.broker} broker for {report.duration:.0f} s", ""]
