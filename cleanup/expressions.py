@@ -1,8 +1,17 @@
-"""ORM expressions the engine's statements are built from."""
+"""ORM expressions the engine's statements are built from, and the field its chunk
+messages are inserted through."""
 
 from __future__ import annotations
 
-from django.db.models import BooleanField, CharField, DateTimeField, Expression, F, Func
+from django.db.models import (
+    BooleanField,
+    CharField,
+    DateTimeField,
+    Expression,
+    F,
+    Func,
+    JSONField,
+)
 
 
 class PairsIn(Expression):
@@ -103,3 +112,16 @@ class Clamped(Func):
         "ELSE %(expressions)s END"
     )
     output_field = DateTimeField()
+
+
+class MessageField(JSONField):
+    """A JSONField that bulk-inserts through VALUES rows.
+
+    Django 5.2 bulk-inserts on PostgreSQL through UNNEST of one array per column, and
+    psycopg quotes each element of such an array in Python: for items messages (about
+    100 KB each) that took 8.8 of the 14.4 s of dispatching a million holds. A
+    placeholder per value keeps the VALUES form.
+    """
+
+    def get_placeholder(self, value, compiler, connection):
+        return "%s"

@@ -1,4 +1,5 @@
-"""The cleanup ledger: runs, their chunks, and messages that named no chunk."""
+"""The cleanup ledger: runs, their chunks, messages that named no chunk, the schedule
+slots that fired, worker heartbeats, counter totals and the policies' holds."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from django.db import models
 from django.utils import timezone
 
 from cleanup.display import short_id
+from cleanup.expressions import MessageField  # migrations name it cleanup.models.MessageField
 
 # What chunks' statements changed, whichever their policy's mutation: rows deleted, or
 # updated. The one definition, as an expression over chunk rows and over sums of them.
@@ -126,19 +128,6 @@ class Run(models.Model):
     def frozen(self) -> dict[str, datetime]:
         """The predicate's parameters as frozen at dispatch: the cutoff and its deadlines."""
         return {"cutoff": self.cutoff, **self.frozen_parameters}
-
-
-class MessageField(models.JSONField):
-    """A JSONField that bulk-inserts through VALUES rows.
-
-    Django 5.2 bulk-inserts on PostgreSQL through UNNEST of one array per column, and
-    psycopg quotes each element of such an array in Python: for items messages (about
-    100 KB each) that took 8.8 of the 14.4 s of dispatching a million holds. A
-    placeholder per value keeps the VALUES form.
-    """
-
-    def get_placeholder(self, value, compiler, connection):
-        return "%s"
 
 
 class Chunk(models.Model):
@@ -375,3 +364,30 @@ class LedgerTotal(models.Model):
 
     def __str__(self) -> str:
         return f"{self.policy} {self.key} = {self.value}"
+
+
+class Hold(models.Model):
+    """A time a policy planned and sent nothing new: paused by an operator. Open while
+    ``ended_at`` is empty; chunks in flight finish meanwhile, and runs stay running."""
+
+    PAUSED = "paused"
+
+    policy = models.CharField(max_length=100)
+    reason = models.CharField(max_length=64)  # "paused"
+    detail = models.TextField(blank=True)  # why, in words: the operator's reason
+    value = models.FloatField(null=True, blank=True)  # a measured pressure, and its limit
+    limit = models.FloatField(null=True, blank=True)
+    actor = models.CharField(max_length=150, blank=True)  # who began it
+    began_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    ended_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        ordering = ["-began_at"]
+        # Its index also finds a policy's open holds (policy leads).
+        constraints = [models.UniqueConstraint(
+            fields=["policy", "reason"], condition=models.Q(ended_at__isnull=True),
+            name="hold_one_open_per_reason")]
+
+    def __str__(self) -> str:
+        return f"{self.policy} {self.reason} since {self.began_at:%Y-%m-%d %H:%M:%S}"

@@ -10,6 +10,12 @@ BEFORE = [("cleanup", "0009_run_eligible_at_dispatch")]
 AFTER = [("cleanup", "0010_folded_chunks_and_ledger_indexes")]
 
 
+def latest():
+    """Every app at its newest migration, as the tests after this one expect."""
+    executor = MigrationExecutor(connection)
+    return executor.loader.graph.leaf_nodes()
+
+
 def migrate(targets):
     executor = MigrationExecutor(connection)
     executor.loader.build_graph()
@@ -29,5 +35,11 @@ def test_counter_totals_rolled_up_under_the_old_key_names_keep_counting():
         figures = dict(new.objects.values_list("key", "value"))
         assert figures == {"noop_deliveries": 7, "messages_sent": 42}
     finally:
-        migrate(AFTER)
+        migrate(latest())
         connection.cursor().execute("DELETE FROM cleanup_ledgertotal")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_test_database_is_left_at_the_newest_migrations():
+    executor = MigrationExecutor(connection)
+    assert executor.migration_plan(latest()) == []

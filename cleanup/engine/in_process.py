@@ -22,7 +22,7 @@ from cleanup.conf import conf
 from cleanup.engine import process_lock, transitions, window
 from cleanup.engine.worker import TRANSIENT_ERRORS, apply_chunk
 from cleanup.exceptions import cause_of
-from cleanup.models import ROWS_CHANGED, Chunk, Run
+from cleanup.models import ROWS_CHANGED, Chunk, Hold, Run
 
 log = structlog.get_logger("cleanup.in_process")
 
@@ -82,9 +82,13 @@ def apply_in_process(run: Run, progress: Progress | None = None) -> Applied:
     run.refresh_from_db()
     if run.state == Run.State.RUNNING and not run.planned_all:
         behind = waiting_behind(run)
-        note = ("the policy's window is held by "
-                + (f"run {behind}" if behind else "its other runs")
-                + ": the rest of the run is handed to the queue")
+        if Hold.objects.filter(policy=run.policy, ended_at__isnull=True).exists():
+            note = ("the policy is held (cleanup_status shows why): the rest of the run is "
+                    "handed to the queue, which goes on once it is resumed")
+        else:
+            note = ("the policy's window is held by "
+                    + (f"run {behind}" if behind else "its other runs")
+                    + ": the rest of the run is handed to the queue")
         window.hand_over(run.pk, reason=note)
         return Applied(applied, rows_changed_by(run), True, note)
     return Applied(applied, rows_changed_by(run))

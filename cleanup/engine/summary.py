@@ -42,6 +42,9 @@ def describe_dispatch(result: DispatchResult) -> str:
 
 
 def _planned(result: DispatchResult) -> str:
+    if result.held:
+        return (f"the policy is {result.held}; nothing more is planned until it is resumed "
+                f"(cleanup_resume --policy {result.policy})")
     if result.waiting_behind is not None:
         return f"waiting for room in the window behind run {result.waiting_behind}"
     if result.chunks == 0:

@@ -33,7 +33,7 @@ from cleanup.engine import (
     transport,
 )
 from cleanup.exceptions import UnknownPolicy, summary_of
-from cleanup.models import Chunk, Run
+from cleanup.models import Chunk, Hold, Run
 from cleanup.policies import Policy, get_policy
 
 log = structlog.get_logger("cleanup.window")
@@ -76,6 +76,8 @@ def top_up(policy_name: str, *, strict: bool = False) -> int:
                 .filter(Q(planned_all=False) | Q(in_process=True))
                 .order_by("created_at", "pk").values_list("pk", "planned_all", "in_process"))
     _take_over(policy.name, [pk for pk, _, in_process in runs if in_process])
+    if Hold.objects.filter(policy=policy.name, ended_at__isnull=True).exists():
+        return 0  # held: nothing new until the hold ends (cleanup.engine.holds)
     room = size(policy) - in_flight(policy.name)
     planned = 0
     for run_id in [pk for pk, planned_all, _ in runs if not planned_all]:

@@ -30,7 +30,7 @@ from prometheus_client.core import (
 )
 
 from cleanup.conf import conf, lease
-from cleanup.models import Chunk, OrphanMessage, Run, ScheduleInstall, Slot
+from cleanup.models import Chunk, Hold, OrphanMessage, Run, ScheduleInstall, Slot
 from cleanup.observability import health
 from cleanup.observability.backlog import COUNT_CAP, Budget, backlogs
 from cleanup.observability.counters import DURATION_BUCKETS_MS, ROWS_BUCKETS, ledger_figures
@@ -82,6 +82,27 @@ class LedgerCollector:
         yield self._running(policies, figures.running)
         yield from self._health_gauges(now, figures.last_success)
         yield self._heartbeats()
+        yield from self._holds(now)
+
+    def _holds(self, now):
+        """Holds in force and the time spent held, per policy and reason (the ledger of
+        holds is small: a pause is an operator's act)."""
+        held = GaugeMetricFamily("cleanup_policy_held",
+                                 "1 while the policy is held (paused): it plans nothing new.",
+                                 labels=["policy", "reason"])
+        seconds = CounterMetricFamily("cleanup_held_seconds",
+                                      "Seconds the policy has spent held, per reason.",
+                                      labels=["policy", "reason"])
+        spent = {}
+        for hold in Hold.objects.only("policy", "reason", "began_at", "ended_at"):
+            key = (hold.policy, hold.reason)
+            spent[key] = spent.get(key, 0.0) + _age(hold.ended_at or now, hold.began_at)
+            if hold.ended_at is None:
+                held.add_metric(list(key), 1)
+        for key, total in sorted(spent.items()):
+            seconds.add_metric(list(key), total)
+        yield held
+        yield seconds
 
     def _counters(self, policies, sums):
         for name, help_text, key in COUNTERS:

@@ -20,6 +20,7 @@ from django_q.models import Schedule
 
 from cleanup import display
 from cleanup.conf import conf, lease
+from cleanup.engine import holds
 from cleanup.expressions import Clamped
 from cleanup.models import Chunk, Run
 from cleanup.policies import Policy, all_policies
@@ -66,6 +67,8 @@ class PolicyOverview:
     last_success: Run | None
     schedule: ScheduleStatus
     now: datetime
+    # The policy's holds in force, in words (cleanup.engine.holds): a pause.
+    held: tuple[str, ...] = ()
 
     @property
     def oldest_eligible_age(self) -> timedelta | None:
@@ -113,6 +116,9 @@ class PolicyOverview:
                 f"{self.eligible_rows:,} rows eligible, the oldest for "
                 f"{display.duration(self.oldest_eligible_age.total_seconds())} (limit "
                 f"{display.duration(self.backlog_age_limit.total_seconds())})"))
+        for hold in self.held:
+            found.append(Alert(self.policy, "held", "Held", f"{hold}; nothing new is "
+                               "planned until it is resumed", level="warning"))
         if self.dead_letters:
             found.append(Alert(self.policy, "dead-letters", "Dead letters waiting",
                                f"{self.dead_letters:,} chunks need a person: requeue "
@@ -178,6 +184,7 @@ def policy_overview(policy: Policy, now: datetime, *, exact: bool = True) -> Pol
         last_success=last_success,
         schedule=schedule_status(policy, now),
         now=now,
+        held=tuple(holds.describe(hold, now) for hold in holds.open_holds(policy.name)),
     )
 
 

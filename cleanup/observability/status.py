@@ -7,7 +7,7 @@ from datetime import datetime
 from django.db.models import Count, Sum
 from django.utils import timezone
 
-from cleanup.engine import planning
+from cleanup.engine import holds, planning
 from cleanup.engine.window import size as window_size
 from cleanup.exceptions import UnknownPolicy
 from cleanup.models import Chunk, Run, rows_changed
@@ -41,9 +41,12 @@ def run_summary(run: Run) -> dict:
         failures=Sum("failures"),
     )
     totals = {name: value or 0 for name, value in totals.items()}
+    held = holds.open_holds(run.policy) if run.state == Run.State.RUNNING else []
     return {
         "run_id": str(run.id),
         "policy": run.policy,
+        # Why the run's policy plans nothing now, in words (a pause); empty otherwise.
+        "held": [holds.describe(hold) for hold in held],
         "mutation": mutation(run, totals["rows_updated"]),
         "scheme": run.scheme,
         "state": run.state,

@@ -35,6 +35,8 @@ class Command(CleanupCommand):
             f"(no longer eligible), {result['noop_deliveries']} no-op deliveries of "
             f"{result['deliveries']}",
         ]
+        lines += [f"  {hold}: nothing new is planned until it is resumed"
+                  for hold in result["held"]]
         if verbosity > 1:
             lines.append(f"  key {result['dispatch_key']}, trigger {result['trigger']}, "
                          f"replay of {result['replay_of'] or '-'}")

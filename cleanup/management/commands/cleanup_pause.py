@@ -1,0 +1,34 @@
+from cleanup.engine import holds
+from cleanup.management.base import CleanupCommand
+from cleanup.models import Hold
+
+
+def hold_fields(hold: Hold) -> dict:
+    """A hold as the pause and resume commands print it under --json."""
+    return {"policy": hold.policy, "reason": hold.reason, "detail": hold.detail,
+            "actor": hold.actor, "began_at": hold.began_at.isoformat(),
+            "ended_at": hold.ended_at.isoformat() if hold.ended_at else None,
+            "ended_by": hold.ended_by, "described": holds.describe(hold)}
+
+
+class Command(CleanupCommand):
+    help = ("Pause a policy: it plans and sends nothing new until cleanup_resume; chunks "
+            "already sent finish, runs stay running, scheduled slots join the run in "
+            "flight. Pausing a paused policy changes nothing.")
+
+    def add_arguments(self, parser) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("--policy", required=True, help="The policy to pause.")
+        parser.add_argument("--reason", required=True,
+                            help="Why, in words: shown by the console, the status and the "
+                            "alerts.")
+
+    def run(self, *, policy, reason, **options) -> dict:
+        change = holds.pause(policy, reason, actor="command")
+        return {**hold_fields(change.hold), "paused": change.changed}
+
+    def describe(self, result: dict, verbosity: int) -> str:
+        if result["paused"]:
+            return (f"Paused {result['policy']}: nothing new is planned until "
+                    f"cleanup_resume --policy {result['policy']}.")
+        return (f"{result['policy']} was already {result['described']}; nothing changed.")

@@ -1,0 +1,24 @@
+from cleanup.engine import holds
+from cleanup.management.base import CleanupCommand, count
+from cleanup.management.commands.cleanup_pause import hold_fields
+
+
+class Command(CleanupCommand):
+    help = ("Resume a paused policy: its pause ends and its window is topped up at once. "
+            "Resuming a policy that is not paused changes nothing.")
+
+    def add_arguments(self, parser) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("--policy", required=True, help="The policy to resume.")
+
+    def run(self, *, policy, **options) -> dict:
+        change = holds.resume(policy, actor="command")
+        return {**hold_fields(change.hold), "resumed": change.changed,
+                "chunks_planned": change.planned}
+
+    def describe(self, result: dict, verbosity: int) -> str:
+        if result["resumed"]:
+            return (f"Resumed {result['policy']} after it was {result['described']}; "
+                    f"{count(result['chunks_planned'], 'chunk')} planned now.")
+        return (f"{result['policy']} is not paused (its last pause ended "
+                f"{result['ended_at']}); nothing changed.")

@@ -1,0 +1,158 @@
+"""A paused policy holds: it plans and sends nothing new, chunks in flight finish,
+nothing fails for being held, slots still join the run in flight, and resuming
+refills the window at once; the status, the overview, /metrics and the commands say
+why."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.utils import timezone
+
+from cleanup.engine import holds
+from cleanup.engine.dispatch import dispatch, dispatch_in_process
+from cleanup.engine.summary import describe_dispatch
+from cleanup.engine.worker import Outcome, apply_chunk
+from cleanup.exceptions import CleanupError
+from cleanup.models import Chunk, Hold, Run
+from cleanup.observability.overview import banner, policy_overview
+from cleanup.observability.status import run_summary
+from cleanup.policies import get_policy
+from tests.engine_app.factories import LeaseFactory
+from tests.engine_app.models import Lease
+from tests.test_metrics import scrape
+from tests.test_window import drain, unfinished
+
+pytestmark = pytest.mark.django_db
+POLICY = "expire-leases"
+
+
+@pytest.fixture
+def backlog(account, settings, chunk_size):
+    """Six expired leases, chunks of one, two in flight."""
+    settings.CLEANUP_WINDOW = 2
+    chunk_size(POLICY, 1)
+    return LeaseFactory.create_batch(6, account=account, expired=True)
+
+
+def test_a_paused_policy_finishes_what_is_in_flight_plans_nothing_and_resumes(backlog):
+    run = dispatch(POLICY, scheme="range").run
+    assert len(unfinished()) == 2
+
+    paused = holds.pause(POLICY, "nightly maintenance", actor="alice")
+    assert paused.changed
+    while chunks := unfinished():  # the chunks already sent finish...
+        assert apply_chunk(chunks[0].message) == Outcome.DELETED
+    run.refresh_from_db()
+    # ...and their ends planned nothing: the run waits, running, nothing failed.
+    assert (run.chunks_planned, run.state, run.planned_all) == (2, Run.State.RUNNING, False)
+    assert not Chunk.objects.exclude(state=Chunk.State.ACKNOWLEDGED).exclude(
+        state=Chunk.State.COMMITTED).exists()
+    assert Lease.objects.count() == 4
+
+    resumed = holds.resume(POLICY, actor="bob")
+    assert resumed.changed and resumed.planned == 2  # the window refilled at once
+    drain()
+    run.refresh_from_db()
+    assert run.state == Run.State.COMPLETED and Lease.objects.count() == 0
+    hold = Hold.objects.get()
+    assert (hold.actor, hold.ended_by, hold.detail) == ("alice", "bob", "nightly maintenance")
+    assert hold.ended_at is not None
+
+
+def test_a_dispatch_while_paused_creates_its_run_and_says_why_nothing_is_planned(backlog):
+    holds.pause(POLICY, "replica rebuild")
+
+    result = dispatch(POLICY)
+
+    assert result.run.state == Run.State.RUNNING and result.run.chunks_planned == 0
+    text = describe_dispatch(result)
+    assert "the policy is paused " in text and ": replica rebuild;" in text
+    assert f"cleanup_resume --policy {POLICY}" in text
+    assert run_summary(result.run)["held"] == [holds.describe(Hold.objects.get())]
+
+
+def test_a_sync_dispatch_while_paused_hands_its_run_to_the_queue(backlog):
+    holds.pause(POLICY, "replica rebuild")
+
+    result = dispatch_in_process(POLICY)
+
+    assert result.applied.handed_over and result.applied.chunks == 0
+    assert "the policy is held" in result.applied.note
+    assert Lease.objects.count() == 6
+
+
+def test_a_slot_that_fires_while_paused_joins_the_run_in_flight(backlog):
+    first = dispatch(POLICY, key="slot-1").run
+    holds.pause(POLICY, "maintenance")
+
+    joined = dispatch(POLICY, key="slot-2", coalesce_within=timedelta(hours=1))
+
+    assert joined.coalesced and joined.run.pk == first.pk
+    assert Run.objects.count() == 1
+
+
+def test_pausing_twice_and_resuming_twice_change_nothing_the_second_time(backlog):
+    first = holds.pause(POLICY, "one")
+    again = holds.pause(POLICY, "two")
+    assert (again.changed, again.hold.pk, again.hold.detail) == (False, first.hold.pk, "one")
+
+    assert holds.resume(POLICY).changed
+    assert not holds.resume(POLICY).changed
+    assert Hold.objects.count() == 1
+
+
+def test_a_pause_needs_a_known_policy_and_a_reason_and_resume_a_pause(backlog):
+    with pytest.raises(CleanupError, match="unknown policy 'nope'"):
+        holds.pause("nope", "why")
+    with pytest.raises(CleanupError, match="a pause needs a reason"):
+        holds.pause(POLICY, "   ")
+    with pytest.raises(CleanupError, match="is not paused"):
+        holds.resume(POLICY)
+    assert not Hold.objects.exists()
+
+
+def test_the_overview_and_metrics_show_the_hold_and_the_time_held(backlog, client):
+    hold = holds.pause(POLICY, "maintenance", actor="alice").hold
+    Hold.objects.filter(pk=hold.pk).update(began_at=timezone.now() - timedelta(minutes=3))
+    now = timezone.now()
+
+    alerts = banner([policy_overview(get_policy(POLICY), now)], [{"taking_work": True}])
+    held = [alert for alert in alerts if alert.kind == "held"]
+    assert len(held) == 1 and held[0].detail.startswith("paused 3 min by alice: maintenance")
+
+    samples = scrape(client)
+    labels = frozenset({"policy": POLICY, "reason": "paused"}.items())
+    assert samples["cleanup_policy_held", labels] == 1
+    assert samples["cleanup_held_seconds_total", labels] >= 180
+
+    holds.resume(POLICY)
+    samples = scrape(client)
+    assert ("cleanup_policy_held", labels) not in samples
+    assert samples["cleanup_held_seconds_total", labels] >= 180
+
+
+def test_the_commands_pause_and_resume_with_json(backlog):
+    out = StringIO()
+    call_command("cleanup_pause", "--policy", POLICY, "--reason", "maintenance", "--json",
+                 stdout=out)
+    paused = json.loads(out.getvalue())
+    assert (paused["paused"], paused["reason"], paused["detail"]) == (True, "paused",
+                                                                      "maintenance")
+    out = StringIO()
+    call_command("cleanup_pause", "--policy", POLICY, "--reason", "again", stdout=out)
+    assert out.getvalue().startswith(f"{POLICY} was already paused ")
+
+    out = StringIO()
+    call_command("cleanup_resume", "--policy", POLICY, "--json", stdout=out)
+    resumed = json.loads(out.getvalue())
+    assert resumed["resumed"] and resumed["ended_by"] == "command"
+
+    with pytest.raises(CommandError, match="unknown policy 'nope'"):
+        call_command("cleanup_pause", "--policy", "nope", "--reason", "x")
+    assert Hold.objects.count() == 1
