@@ -1,3 +1,4 @@
+from cleanup.display import number
 from cleanup.engine.operations import get_run, latest_run
 from cleanup.exceptions import CleanupError
 from cleanup.management.base import CleanupCommand, count
@@ -51,5 +52,5 @@ def _planning(result: dict) -> str:
     if result["position"] is not None:
         text += f", {result['position']:.0%} through its span"
     if result["estimated_remaining_rows"] is not None:
-        text += f", about {result['estimated_remaining_rows']} rows to go"
+        text += f", about {number(result['estimated_remaining_rows'])} rows to go"
     return text + f" (window {result['window']})"
