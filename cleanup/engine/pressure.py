@@ -1,0 +1,208 @@
+"""Whether the database a policy cleans can take more cleanup now: indicators and their worst.
+
+An indicator reads one thing from PostgreSQL and returns a :class:`Signal`: carry on
+(``OK``), slow down (``SLOW``) or hold (``HOLD``: the policy plans nothing new), with
+the reason, the value it read, the limit it compared it to, and a sentence for an
+operator. ``evaluate`` runs a policy's indicators and keeps the worst signal; one that
+raises is a hold, since cleanup can always wait and a database under load is where
+reading it is likely to fail. ``cached`` keeps a policy's last signal for a few seconds
+(``CLEANUP_PRESSURE_CHECK_SECONDS``, 2 by default), so planning each chunk does not
+query the catalogs each time.
+
+An indicator is ``(policy, connection) -> Signal``; its limits are keyword arguments
+(``functools.partial`` sets others). ``connection`` is Django's or any DB-API
+connection whose ``cursor()`` is a context manager (psycopg's), in autocommit: a failed
+read aborts an open transaction. Seeing other roles' sessions (an autovacuum's table)
+takes the ``pg_read_all_stats`` role.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+if TYPE_CHECKING:
+    from cleanup.policies import Policy
+
+log = structlog.get_logger("cleanup.pressure")
+
+# What a chunk's transaction will set with SET LOCAL application_name, so the sessions
+# cleanup makes wait can be told from the rest.
+CHUNK_APPLICATION_NAME = "cleanup-chunk"
+# Defaults of the limits, later read from CLEANUP_MAX_REPLICA_LAG (seconds) and
+# CLEANUP_MAX_LOCK_WAIT_MS.
+MAX_REPLICA_LAG = 10.0
+MAX_LOCK_WAIT_MS = 200.0
+INDICATOR_ERROR = "indicator_error"
+
+
+class Level(IntEnum):
+    """How hard to yield; a greater level is worse."""
+
+    OK = 0
+    SLOW = 1
+    HOLD = 2
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One reading: its level, a short machine name, what was read, and against what."""
+
+    level: Level
+    reason: str
+    value: float | None
+    limit: float | None
+    detail: str
+
+
+Indicator = Callable[["Policy", Any], Signal]
+
+# Every walsender counts, so every connected standby without configuration. The primary
+# measures replay_lag from the standby's replies (each wal_receiver_status_interval,
+# 10 s by default) and interpolates while replay is stuck; NULL once the standby has
+# replayed everything and said so twice, that is an idle pair.
+_REPLICA_LAG = """
+    SELECT count(*), coalesce(max(coalesce(extract(epoch FROM replay_lag), 0)), 0)
+    FROM pg_stat_replication
+"""
+# waitstart (PostgreSQL 14+) is when the session began waiting for the lock it lacks.
+# The long waits are found first, so pg_blocking_pids (which takes the lock manager's
+# locks for a moment) is called only for them; a chunk waiting on a chunk is cleanup's
+# own contention, not a session cleanup keeps waiting.
+_LOCK_WAITS = """
+    WITH waiting AS MATERIALIZED (
+        SELECT pid, extract(epoch FROM clock_timestamp() - waitstart) * 1000 AS waited_ms
+        FROM pg_locks
+        WHERE NOT granted AND pid <> pg_backend_pid()
+          AND waitstart < clock_timestamp() - make_interval(secs => %s)
+    )
+    SELECT count(*), max(waiting.waited_ms)
+    FROM waiting JOIN pg_stat_activity waiter ON waiter.pid = waiting.pid
+    WHERE waiter.application_name IS DISTINCT FROM %s
+      AND EXISTS (SELECT FROM pg_stat_activity holder
+                  WHERE holder.pid = ANY (pg_blocking_pids(waiting.pid))
+                    AND holder.application_name = %s)
+"""
+# The progress view lists every database's vacuums: a relid is only unique within one.
+_VACUUM = """
+    SELECT progress.phase, activity.backend_type
+    FROM pg_stat_progress_vacuum progress
+    LEFT JOIN pg_stat_activity activity ON activity.pid = progress.pid
+    WHERE progress.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND progress.relid = to_regclass(quote_ident(%s))
+"""
+
+
+def replica_lag(policy: Policy, connection, *, limit: float = MAX_REPLICA_LAG) -> Signal:
+    """Hold while the most lagging standby replays more than ``limit`` seconds behind."""
+    standbys, lag = _fetch(connection, _REPLICA_LAG)
+    lag = float(lag)
+    if not standbys:
+        return Signal(Level.OK, "replica_lag", None, limit, "no standby connected")
+    over = lag > limit
+    return Signal(Level.HOLD if over else Level.OK, "replica_lag", lag, limit,
+                  f"replica lag {lag:.1f} s {'>' if over else '<='} {limit:g} s "
+                  f"({standbys} standby connection{'s' if standbys > 1 else ''})")
+
+
+def lock_waits(policy: Policy, connection, *, limit_ms: float = MAX_LOCK_WAIT_MS) -> Signal:
+    """Slow down while another session has waited over ``limit_ms`` on a chunk's lock."""
+    sessions, longest = _fetch(connection, _LOCK_WAITS, [
+        limit_ms / 1000, CHUNK_APPLICATION_NAME, CHUNK_APPLICATION_NAME])
+    if not sessions:
+        return Signal(Level.OK, "lock_waits", None, limit_ms,
+                      f"no session waits over {limit_ms:g} ms on a chunk's lock")
+    longest = float(longest)
+    return Signal(Level.SLOW, "lock_waits", longest, limit_ms,
+                  f"{sessions} session{'s' if sessions > 1 else ''} waiting on a chunk's "
+                  f"lock, longest {longest:.0f} ms > {limit_ms:g} ms")
+
+
+def vacuum(policy: Policy, connection, *, hold_on_vacuum: bool = False) -> Signal:
+    """Slow down (or hold) while a vacuum, manual or automatic, works on the policy's table.
+
+    VACUUM FULL rewrites the table under an exclusive lock instead (a chunk waits for it),
+    and reports as a cluster, not here.
+    """
+    table = policy.model._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(_VACUUM, [table])
+        running = cursor.fetchall()
+    if not running:
+        return Signal(Level.OK, "vacuum", 0.0, None, f"no vacuum on {table}")
+    phases = ", ".join(f"{phase} ({'autovacuum' if kind == 'autovacuum worker' else 'manual'})"
+                       for phase, kind in running)
+    return Signal(Level.HOLD if hold_on_vacuum else Level.SLOW, "vacuum",
+                  float(len(running)), None,
+                  f"vacuum of {table} running: {phases}")
+
+
+def evaluate(policy: Policy, indicators: Iterable[Indicator], connection) -> Signal:
+    """Return the worst of the indicators' signals; an indicator that raises holds.
+
+    Stops at the first hold, which nothing is worse than. With no indicators, OK.
+    """
+    worst: Signal | None = None
+    for indicator in indicators:
+        try:
+            signal = indicator(policy, connection)
+        except Exception as exc:
+            name = _name(indicator)
+            log.warning("pressure indicator failed; holding", policy=policy.name,
+                        indicator=name, error=repr(exc))
+            signal = Signal(Level.HOLD, INDICATOR_ERROR, None, None,
+                            f"{name} failed: {type(exc).__name__}: {exc}".strip())
+        if worst is None or signal.level > worst.level:
+            worst = signal
+        if worst.level is Level.HOLD:
+            break
+    return worst or Signal(Level.OK, "none", None, None, "no indicator")
+
+
+_cache: dict[str, tuple[float, Signal]] = {}
+_cache_lock = threading.Lock()
+
+
+def cached(policy_name: str, seconds: float, compute: Callable[[], Signal]) -> Signal:
+    """Return the policy's signal computed less than ``seconds`` ago, or compute it now.
+
+    Monotonic time, so a clock step neither expires nor freezes it. Two threads that
+    both find it stale both compute; the later one is kept.
+    """
+    now = time.monotonic()
+    with _cache_lock:
+        entry = _cache.get(policy_name)
+    if entry is not None and now - entry[0] < seconds:
+        return entry[1]
+    signal = compute()
+    with _cache_lock:
+        _cache[policy_name] = (time.monotonic(), signal)
+    return signal
+
+
+def forget(policy_name: str | None = None) -> None:
+    """Drop one policy's cached signal, or every policy's."""
+    with _cache_lock:
+        if policy_name is None:
+            _cache.clear()
+        else:
+            _cache.pop(policy_name, None)
+
+
+def _fetch(connection, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone()
+
+
+def _name(indicator: Indicator) -> str:
+    """The indicator's function name, through a ``functools.partial`` too."""
+    while not hasattr(indicator, "__name__") and hasattr(indicator, "func"):
+        indicator = indicator.func
+    return getattr(indicator, "__name__", type(indicator).__name__)
