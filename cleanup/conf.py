@@ -65,6 +65,30 @@ class Settings:
         return self._read("LOCK_TIMEOUT_MS", 5000)
 
     @property
+    def MAX_REPLICA_LAG(self) -> float:
+        """Seconds of replay lag of any streaming standby (pg_stat_replication, read on
+        the primary) past which a policy is held: it plans and sends nothing new."""
+        return self._read("MAX_REPLICA_LAG", 10)
+
+    @property
+    def MAX_LOCK_WAIT_MS(self) -> int:
+        """Milliseconds another session may wait on a lock a chunk holds before the
+        policy slows down: its next chunks get a smaller time budget until waits stop."""
+        return self._read("MAX_LOCK_WAIT_MS", 200)
+
+    @property
+    def PRESSURE_CHECK_SECONDS(self) -> float:
+        """How long a policy's pressure reading is reused before the indicators are read
+        again (0: at every planning)."""
+        return self._read("PRESSURE_CHECK_SECONDS", 2)
+
+    @property
+    def PRESSURE_INDICATORS(self) -> list[str] | tuple[str, ...]:
+        """Dotted paths of the host's own indicators: callables ``(policy, connection)``
+        returning a ``cleanup.engine.pressure.Signal``, read beside the engine's."""
+        return self._read("PRESSURE_INDICATORS", [])
+
+    @property
     def SCHEDULE_GRACE_SECONDS(self) -> float:
         """A schedule slot with no run this long after it was due is a missed schedule."""
         return self._read("SCHEDULE_GRACE_SECONDS", 120)

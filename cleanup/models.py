@@ -114,6 +114,7 @@ class Run(models.Model):
             ("discard", "Can discard dead-lettered chunks"),
             ("dispatch", "Can dispatch a policy now"),
             ("cancel", "Can cancel runs"),
+            ("pause", "Can pause and resume policies"),
         ]
 
     def __str__(self) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from cleanup.engine import reconcile
+from cleanup.engine import reconcile, window
 from cleanup.engine.worker import apply_chunk as apply_chunk_message
 from cleanup.observability import counters, health
 from cleanup.scheduling.schedules import dispatch_slot
@@ -24,6 +24,11 @@ def dispatch_scheduled(policy: str, scheduled_for: str) -> str | None:
 def reconcile_chunks() -> int:
     """Re-send chunks that were never sent or whose message was lost."""
     return reconcile.reconcile().resent
+
+
+def recheck_pressure(policy: str) -> int:
+    """Look again at a policy the database's pressure holds; plan once it clears."""
+    return window.recheck(policy)
 
 
 def fold_counters() -> int:

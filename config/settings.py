@@ -188,6 +188,11 @@ DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "") or "seats@example.
 #   it is the delay before a new run's first chunk starts.
 # - bulk 1: a pusher takes one message at a time, so the other cluster's workers get
 #   the rest.
+# How far the engine lets the database it cleans fall behind (docs/settings.md).
+CLEANUP_MAX_REPLICA_LAG = _env_number("CLEANUP_MAX_REPLICA_LAG", 10)
+CLEANUP_MAX_LOCK_WAIT_MS = _env_number("CLEANUP_MAX_LOCK_WAIT_MS", 200, int)
+CLEANUP_PRESSURE_CHECK_SECONDS = _env_number("CLEANUP_PRESSURE_CHECK_SECONDS", 2)
+
 Q_CLUSTER = {
     "name": os.environ.get("Q_CLUSTER_QUEUE", "cleanup"),
     "orm": "default",

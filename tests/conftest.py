@@ -19,6 +19,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
+def _no_pressure_read_before(settings):
+    """Each test reads the database's pressure afresh (the engine caches it per policy
+    and process)."""
+    from cleanup.engine import pressure
+
+    pressure.forget()
+    yield
+    pressure.forget()
+
+
+@pytest.fixture(autouse=True)
 def _fast_retries_and_fixed_chunk_sizes(settings):
     settings.CLEANUP_TRANSIENT_BACKOFF = 0.01
     # Chunks hold the policy's chunk_size; tests/test_sizing.py turns learning on.

@@ -42,6 +42,10 @@ CHECKED_BY = {
     "WINDOW": "cleanup.E011",
     "MAX_ITEMS_PER_CHUNK": "cleanup.E006",
     "MAX_RANGE_ROWS_PER_CHUNK": "cleanup.E006",
+    "MAX_REPLICA_LAG": "cleanup.E023",
+    "MAX_LOCK_WAIT_MS": "cleanup.E024",
+    "PRESSURE_CHECK_SECONDS": "cleanup.E025",
+    "PRESSURE_INDICATORS": "cleanup.E026",
 }
 
 

@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
+from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.utils import timezone
 from django_q.models import OrmQ
 
+from cleanup import policies
 from cleanup.engine.dispatch import dispatch
 from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk
 from cleanup.observability.overview import overview
-from reservations import seeding
+from tests.engine_app.models import Lease
 
 pytestmark = pytest.mark.django_db
 
@@ -34,13 +38,18 @@ def text(*args) -> list[str]:
 
 
 @pytest.fixture
-def three_fates(db, chunk_size):
-    """A run of three chunks: #1 committed (1,000 rows), #2 dead-lettered for its
-    message, #3 dead-lettered as poison (deliveries kept dying)."""
-    seeding.seed(tenants=1, expired=2100, active=0, confirmed=0, attempts=0, random_seed=1,
-                 progress=lambda *args: None)
-    chunk_size("expire-holds", 1000)
-    run = dispatch("expire-holds").run
+def three_fates(account, chunk_size):
+    """A run of three chunks of a policy scheduled every minute: #1 committed (1,000
+    rows), #2 dead-lettered for its message, #3 dead-lettered as poison (deliveries kept
+    dying)."""
+    long_ago = timezone.now() - timedelta(hours=1)
+    Lease.objects.bulk_create(
+        Lease(account=account, holder=f"holder-{i}", expires_at=long_ago - timedelta(seconds=i))
+        for i in range(2100))
+    chunk_size("expire-leases", 1000)
+    # Registered within chunk_size's block, so it is gone after the test too.
+    policies.register(replace(policies.get_policy("expire-leases"), schedule="* * * * *"))
+    run = dispatch("expire-leases").run
     first, second, third = run.chunks.order_by("chunk_id")
     apply_chunk(first.message)
     apply_chunk({**second.message, "version": 99})
@@ -56,7 +65,7 @@ def test_chunks_lists_state_rows_changed_deliveries_and_cause(three_fates):
     second = run.chunks.get(chunk_id=2)
     assert second.cause  # the message's own refusal, e.g. its unknown version
     assert text("cleanup_chunks", str(run.pk)) == [
-        f"Run {run.pk} (expire-holds):",
+        f"Run {run.pk} (expire-leases):",
         "  chunk  state              changed  deliveries  cause",
         "     #1  committed            1,000           1  -",
         f"     #2  dead_lettered            0           1  {second.cause}",
@@ -86,7 +95,7 @@ def test_chunks_filters_by_state_and_bounds_the_list(three_fates):
     lines = text("cleanup_chunks", str(run.pk), "--state", "dead_lettered", "--limit", "1")
     assert lines[-1] == "(1 of 2 dead_lettered chunks; a higher --limit shows more)"
     assert text("cleanup_chunks", str(run.pk), "--state", "retrying") == [
-        f"Run {run.pk} (expire-holds) has no retrying chunks."]
+        f"Run {run.pk} (expire-leases) has no retrying chunks."]
     with pytest.raises(CommandError, match="no run with id ffffffff"):
         call_command("cleanup_chunks", "ffffffff")
 
@@ -94,22 +103,22 @@ def test_chunks_filters_by_state_and_bounds_the_list(three_fates):
 def test_policies_shows_each_rule_its_last_run_and_the_backlog_overview_reads(three_fates):
     run = three_fates
     listed = {p["policy"]: p for p in run_json("cleanup_policies")["policies"]}
-    holds = listed["expire-holds"]
-    health = {h.policy: h for h in overview()}["expire-holds"]
-    assert holds["last_run"] == {"run_id": str(run.pk), "state": "completed_with_dead_letters",
+    leases = listed["expire-leases"]
+    health = {h.policy: h for h in overview()}["expire-leases"]
+    assert leases["last_run"] == {"run_id": str(run.pk), "state": "completed_with_dead_letters",
                                  "created_at": run.created_at.isoformat(),
-                                 "finished_at": holds["last_run"]["finished_at"]}
-    assert holds["backlog"]["eligible_rows"] == health.eligible_rows == 1100
-    assert holds["backlog"]["oldest_eligible_since"] == health.oldest_eligible_since.isoformat()
-    assert (holds["scheme"], holds["mutation"], holds["window"], holds["dead_letters"]) == (
+                                 "finished_at": leases["last_run"]["finished_at"]}
+    assert leases["backlog"]["eligible_rows"] == health.eligible_rows == 1100
+    assert leases["backlog"]["oldest_eligible_since"] == health.oldest_eligible_since.isoformat()
+    assert (leases["scheme"], leases["mutation"], leases["window"], leases["dead_letters"]) == (
         "items", "delete", 4, 2)
-    assert holds["schedule"] == "* * * * *" and holds["schedule_installed"] is False
+    assert leases["schedule"] == "* * * * *" and leases["schedule_installed"] is False
     assert sorted(listed) == sorted(h.policy for h in overview())
 
     lines = "\n".join(text("cleanup_policies")).split("\n\n")
-    block = next(b for b in lines if b.startswith("expire-holds ")).splitlines()
+    block = next(b for b in lines if b.startswith("expire-leases ")).splitlines()
     assert block[:2] == [
-        "expire-holds (delete reservations.SeatHold, items chunks, window 4)",
+        "expire-leases (delete engine_app.Lease, items chunks, window 4)",
         "  schedule  * * * * * (not installed: run cleanup_schedule)",
     ]
     assert re.fullmatch(rf"  last run  {run.pk} completed_with_dead_letters, dispatched "

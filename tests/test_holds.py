@@ -14,7 +14,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from cleanup.engine import holds
+from cleanup.engine import holds, operations
 from cleanup.engine.dispatch import dispatch, dispatch_in_process
 from cleanup.engine.summary import describe_dispatch
 from cleanup.engine.worker import Outcome, apply_chunk
@@ -44,7 +44,7 @@ def test_a_paused_policy_finishes_what_is_in_flight_plans_nothing_and_resumes(ba
     run = dispatch(POLICY, scheme="range").run
     assert len(unfinished()) == 2
 
-    paused = holds.pause(POLICY, "nightly maintenance", actor="alice")
+    paused = operations.pause_policy(POLICY, "nightly maintenance", actor="alice")
     assert paused.changed
     while chunks := unfinished():  # the chunks already sent finish...
         assert apply_chunk(chunks[0].message) == Outcome.DELETED
@@ -55,7 +55,7 @@ def test_a_paused_policy_finishes_what_is_in_flight_plans_nothing_and_resumes(ba
         state=Chunk.State.COMMITTED).exists()
     assert Lease.objects.count() == 4
 
-    resumed = holds.resume(POLICY, actor="bob")
+    resumed = operations.resume_policy(POLICY, actor="bob")
     assert resumed.changed and resumed.planned == 2  # the window refilled at once
     drain()
     run.refresh_from_db()
@@ -66,7 +66,7 @@ def test_a_paused_policy_finishes_what_is_in_flight_plans_nothing_and_resumes(ba
 
 
 def test_a_dispatch_while_paused_creates_its_run_and_says_why_nothing_is_planned(backlog):
-    holds.pause(POLICY, "replica rebuild")
+    operations.pause_policy(POLICY, "replica rebuild")
 
     result = dispatch(POLICY)
 
@@ -78,7 +78,7 @@ def test_a_dispatch_while_paused_creates_its_run_and_says_why_nothing_is_planned
 
 
 def test_a_sync_dispatch_while_paused_hands_its_run_to_the_queue(backlog):
-    holds.pause(POLICY, "replica rebuild")
+    operations.pause_policy(POLICY, "replica rebuild")
 
     result = dispatch_in_process(POLICY)
 
@@ -89,7 +89,7 @@ def test_a_sync_dispatch_while_paused_hands_its_run_to_the_queue(backlog):
 
 def test_a_slot_that_fires_while_paused_joins_the_run_in_flight(backlog):
     first = dispatch(POLICY, key="slot-1").run
-    holds.pause(POLICY, "maintenance")
+    operations.pause_policy(POLICY, "maintenance")
 
     joined = dispatch(POLICY, key="slot-2", coalesce_within=timedelta(hours=1))
 
@@ -98,27 +98,27 @@ def test_a_slot_that_fires_while_paused_joins_the_run_in_flight(backlog):
 
 
 def test_pausing_twice_and_resuming_twice_change_nothing_the_second_time(backlog):
-    first = holds.pause(POLICY, "one")
-    again = holds.pause(POLICY, "two")
+    first = operations.pause_policy(POLICY, "one")
+    again = operations.pause_policy(POLICY, "two")
     assert (again.changed, again.hold.pk, again.hold.detail) == (False, first.hold.pk, "one")
 
-    assert holds.resume(POLICY).changed
-    assert not holds.resume(POLICY).changed
+    assert operations.resume_policy(POLICY).changed
+    assert not operations.resume_policy(POLICY).changed
     assert Hold.objects.count() == 1
 
 
 def test_a_pause_needs_a_known_policy_and_a_reason_and_resume_a_pause(backlog):
     with pytest.raises(CleanupError, match="unknown policy 'nope'"):
-        holds.pause("nope", "why")
+        operations.pause_policy("nope", "why")
     with pytest.raises(CleanupError, match="a pause needs a reason"):
-        holds.pause(POLICY, "   ")
+        operations.pause_policy(POLICY, "   ")
     with pytest.raises(CleanupError, match="is not paused"):
-        holds.resume(POLICY)
+        operations.resume_policy(POLICY)
     assert not Hold.objects.exists()
 
 
 def test_the_overview_and_metrics_show_the_hold_and_the_time_held(backlog, client):
-    hold = holds.pause(POLICY, "maintenance", actor="alice").hold
+    hold = operations.pause_policy(POLICY, "maintenance", actor="alice").hold
     Hold.objects.filter(pk=hold.pk).update(began_at=timezone.now() - timedelta(minutes=3))
     now = timezone.now()
 
@@ -131,7 +131,7 @@ def test_the_overview_and_metrics_show_the_hold_and_the_time_held(backlog, clien
     assert samples["cleanup_policy_held", labels] == 1
     assert samples["cleanup_held_seconds_total", labels] >= 180
 
-    holds.resume(POLICY)
+    operations.resume_policy(POLICY)
     samples = scrape(client)
     assert ("cleanup_policy_held", labels) not in samples
     assert samples["cleanup_held_seconds_total", labels] >= 180

@@ -15,13 +15,13 @@ from cleanup.engine.dispatch import dispatch
 from cleanup.observability import backlog as backlog_module
 from cleanup.observability.backlog import BUDGET_MS, Budget, backlogs
 from cleanup.observability.overview import policy_overview
-from cleanup.policies import get_policy
-from reservations.models import SeatHold
-from tests.factories import SeatHoldFactory
+from cleanup.policies import all_policies, get_policy
+from tests.engine_app.factories import LeaseFactory
+from tests.engine_app.models import Lease
 from tests.test_metrics import scrape, value
 
 pytestmark = pytest.mark.django_db
-HOLDS = {"policy": "expire-holds"}
+LEASES = {"policy": "expire-leases"}
 
 
 @pytest.fixture(autouse=True)
@@ -30,11 +30,21 @@ def _no_memory_of_slow_reads(monkeypatch):
 
 
 @pytest.fixture
-def holds_by_age(section):
-    """Five expired holds, 1 to 5 hours ago, the oldest created last."""
+def leases_by_age(account):
+    """Five expired leases, 1 to 5 hours ago, the oldest created last."""
     now = timezone.now()
-    return [SeatHoldFactory(section=section, expires_at=now - timedelta(hours=hours))
+    return [LeaseFactory(account=account, expires_at=now - timedelta(hours=hours))
             for hours in (1, 2, 3, 4, 5)]
+
+
+def policies_on_leases() -> int:
+    """How many policies read the lease table (each scrape reads it once per policy)."""
+    return sum(policy.model is Lease for policy in all_policies())
+
+
+def statements_on_leases(queries: CaptureQueriesContext) -> list[str]:
+    return [q["sql"] for q in queries.captured_queries
+            if f'"{Lease._meta.db_table}"' in q["sql"]]
 
 
 def slow_index_read(calls: list):
@@ -52,138 +62,141 @@ def show_statement_timeout() -> str:
         return cursor.fetchone()[0]
 
 
-def test_eligible_rows_are_counted_not_estimated_by_the_planner(client, section):
-    SeatHoldFactory.create_batch(300, section=section, expired=True)
+def test_eligible_rows_are_counted_not_estimated_by_the_planner(client, account):
+    LeaseFactory.create_batch(300, account=account, expired=True)
     with connection.cursor() as cursor:
-        cursor.execute(f'ANALYZE "{SeatHold._meta.db_table}"')
+        cursor.execute(f'ANALYZE "{Lease._meta.db_table}"')
     # The statistics still say 300 rows; 5 are left.
-    SeatHold.objects.filter(pk__in=list(SeatHold.objects.values_list("pk", flat=True)[5:])
+    Lease.objects.filter(pk__in=list(Lease.objects.values_list("pk", flat=True)[5:])
                             ).delete()
 
     samples = scrape(client)
 
-    assert value(samples, "cleanup_eligible_rows", **HOLDS) == 5
-    assert value(samples, "cleanup_backlog_exact", **HOLDS) == 1
+    assert value(samples, "cleanup_eligible_rows", **LEASES) == 5
+    assert value(samples, "cleanup_backlog_exact", **LEASES) == 1
     # The console's overview counts the same rows.
-    assert policy_overview(get_policy("expire-holds"), timezone.now()).eligible_rows == 5
+    assert policy_overview(get_policy("expire-leases"), timezone.now()).eligible_rows == 5
 
 
-def test_counting_stops_at_the_cap_and_the_oldest_stays_exact(client, holds_by_age,
+def test_counting_stops_at_the_cap_and_the_oldest_stays_exact(client, leases_by_age,
                                                               monkeypatch):
     monkeypatch.setattr(backlog_module, "COUNT_CAP", 3)
 
     samples = scrape(client)
 
-    assert value(samples, "cleanup_eligible_rows", **HOLDS) == 3  # at least 3
-    assert value(samples, "cleanup_backlog_exact", **HOLDS) == 1
-    age = value(samples, "cleanup_oldest_eligible_age_seconds", **HOLDS)
+    assert value(samples, "cleanup_eligible_rows", **LEASES) == 3  # at least 3
+    assert value(samples, "cleanup_backlog_exact", **LEASES) == 1
+    age = value(samples, "cleanup_oldest_eligible_age_seconds", **LEASES)
     assert 5 * 3600 <= age < 5 * 3600 + 30
 
 
-def test_each_scrape_statement_on_a_policy_table_is_bounded(client, expired_holds):
+def test_each_scrape_statement_on_a_policy_table_is_bounded(client, expired_leases):
     with CaptureQueriesContext(connection) as queries:
         scrape(client)
-    on_holds = [q["sql"] for q in queries.captured_queries
-                if f'"{SeatHold._meta.db_table}"' in q["sql"]]
+    on_leases = statements_on_leases(queries)
 
-    # One statement: the count up to the cap, with the oldest of the rows it counted.
-    assert len(on_holds) == 1
-    assert on_holds[0].startswith("SELECT COUNT(*), CASE WHEN MIN(")
-    # Newest first, from the live end of the index while a run deletes the oldest.
-    assert on_holds[0].startswith('SELECT COUNT(*), CASE WHEN MIN("__col1") <')
-    assert on_holds[0].endswith(f"ORDER BY 1 DESC LIMIT {backlog_module.COUNT_CAP}) subquery")
+    # One statement per policy: the count up to the cap, with the oldest of the rows it
+    # counted.
+    assert len(on_leases) == policies_on_leases() > 1
+    for statement in on_leases:
+        assert statement.startswith("SELECT COUNT(*), CASE WHEN MIN(")
+        # Newest first, from the live end of the index while a run deletes the oldest.
+        assert statement.startswith('SELECT COUNT(*), CASE WHEN MIN("__col1") <')
+        assert statement.endswith(f"ORDER BY 1 DESC LIMIT {backlog_module.COUNT_CAP}) subquery")
     # ... under the budget, set before the backlog statements and put back after them.
     sql = [q["sql"] for q in queries.captured_queries]
-    first = sql.index(on_holds[0])
+    first = sql.index(on_leases[0])
     assert any(f"'{BUDGET_MS}ms'" in s and "statement_timeout" in s for s in sql[:first])
     assert show_statement_timeout() == "0"
 
 
-def test_at_the_cap_the_oldest_comes_from_one_probe_of_the_index(client, holds_by_age,
+def test_at_the_cap_the_oldest_comes_from_one_probe_of_the_index(client, leases_by_age,
                                                                 monkeypatch):
     monkeypatch.setattr(backlog_module, "COUNT_CAP", 3)
     with CaptureQueriesContext(connection) as queries:
         scrape(client)
-    on_holds = [q["sql"] for q in queries.captured_queries
-                if f'"{SeatHold._meta.db_table}"' in q["sql"]]
+    on_leases = statements_on_leases(queries)
 
-    assert len(on_holds) == 2
-    # MIN of the bare column (the index answers it), clamped outside.
-    assert re.match(r'SELECT CASE WHEN MIN\("reservations_seathold"\."expires_at"\) <',
-                    on_holds[1])
+    # Per policy, the count at the cap, then the probe.
+    assert len(on_leases) == 2 * policies_on_leases()
+    assert all(count.startswith("SELECT COUNT(*)") for count in on_leases[::2])
+    for probe in on_leases[1::2]:
+        # MIN of the bare column (the index answers it), clamped outside.
+        assert re.match(r'SELECT CASE WHEN MIN\("engine_app_lease"\."expires_at"\) <', probe)
 
 
 def test_an_index_read_past_the_budget_takes_the_oldest_row_in_flight(
-        client, holds_by_age, monkeypatch):
+        client, leases_by_age, monkeypatch):
     monkeypatch.setattr(backlog_module, "COUNT_CAP", 3)
-    dispatch("expire-holds")  # its chunk, in flight, names all five holds
+    dispatch("expire-leases")  # its chunk, in flight, names all five leases
     calls = []
     monkeypatch.setattr(backlog_module, "_oldest", slow_index_read(calls))
     limit = show_statement_timeout()
 
     samples = scrape(client)
 
-    assert calls == ["expires_at"]  # tried, and cancelled after the budget
-    assert value(samples, "cleanup_backlog_exact", **HOLDS) == 0
-    assert value(samples, "cleanup_eligible_rows", **HOLDS) == 3
-    age = value(samples, "cleanup_oldest_eligible_age_seconds", **HOLDS)
-    assert 5 * 3600 <= age < 5 * 3600 + 30  # the oldest hold, named by the chunk
+    # Tried for each policy on the table, and cancelled after the budget.
+    assert calls == ["expires_at"] * policies_on_leases()
+    assert value(samples, "cleanup_backlog_exact", **LEASES) == 0
+    assert value(samples, "cleanup_eligible_rows", **LEASES) == 3
+    age = value(samples, "cleanup_oldest_eligible_age_seconds", **LEASES)
+    assert 5 * 3600 <= age < 5 * 3600 + 30  # the oldest lease, named by the chunk
     assert show_statement_timeout() == limit  # the caller's, put back
 
 
-def test_a_range_chunk_in_flight_bounds_the_oldest_as_well(client, holds_by_age,
+def test_a_range_chunk_in_flight_bounds_the_oldest_as_well(client, leases_by_age,
                                                           monkeypatch):
     monkeypatch.setattr(backlog_module, "COUNT_CAP", 3)
-    dispatch("expire-holds", scheme="range")  # one id range over the five holds
+    dispatch("expire-leases", scheme="range")  # one id range over the five leases
     monkeypatch.setattr(backlog_module, "_oldest", slow_index_read([]))
 
     samples = scrape(client)
 
-    assert value(samples, "cleanup_backlog_exact", **HOLDS) == 0
-    age = value(samples, "cleanup_oldest_eligible_age_seconds", **HOLDS)
+    assert value(samples, "cleanup_backlog_exact", **LEASES) == 0
+    age = value(samples, "cleanup_oldest_eligible_age_seconds", **LEASES)
     assert 5 * 3600 <= age < 5 * 3600 + 30
 
 
-def test_without_chunks_in_flight_the_age_is_that_of_a_row_counted(holds_by_age,
+def test_without_chunks_in_flight_the_age_is_that_of_a_row_counted(leases_by_age,
                                                                    monkeypatch):
     monkeypatch.setattr(backlog_module, "COUNT_CAP", 3)
     monkeypatch.setattr(backlog_module, "_oldest", slow_index_read([]))
     now = timezone.now()
 
     with Budget() as budget:
-        found = backlogs([get_policy("expire-holds")], now, budget)["expire-holds"]
+        found = backlogs([get_policy("expire-leases")], now, budget)["expire-leases"]
 
     assert (found.rows, found.exact) == (3, False)
-    expiries = SeatHold.objects.values_list("expires_at", flat=True)
+    expiries = Lease.objects.values_list("expires_at", flat=True)
     # A lower bound: some eligible row's own age, never older than the oldest.
     assert found.oldest_observed in set(expiries)
     assert found.oldest_observed >= min(expiries)
 
 
-def test_a_process_does_not_retry_a_slow_index_at_every_scrape(client, holds_by_age,
+def test_a_process_does_not_retry_a_slow_index_at_every_scrape(client, leases_by_age,
                                                               monkeypatch):
     monkeypatch.setattr(backlog_module, "COUNT_CAP", 3)
     calls = []
     monkeypatch.setattr(backlog_module, "_oldest", slow_index_read(calls))
     scrape(client)
     scrape(client)
-    assert calls == ["expires_at"]
+    assert calls == ["expires_at"] * policies_on_leases()  # once per policy, not per scrape
 
     monkeypatch.setattr(backlog_module, "RETRY_AFTER_SECONDS", 0)
     scrape(client)
-    assert calls == ["expires_at", "expires_at"]
+    assert calls == ["expires_at"] * 2 * policies_on_leases()
 
 
-def test_nothing_readable_within_the_budget_reads_as_an_inexact_zero(holds_by_age,
+def test_nothing_readable_within_the_budget_reads_as_an_inexact_zero(leases_by_age,
                                                                      monkeypatch):
     def slow_count(rows, field, cap):
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_sleep(2)")
     monkeypatch.setattr(backlog_module, "_count", slow_count)
     with Budget() as budget:
-        found = backlogs([get_policy("expire-holds")], timezone.now(), budget)
+        found = backlogs([get_policy("expire-leases")], timezone.now(), budget)
 
-    assert (found["expire-holds"].rows, found["expire-holds"].exact) == (0, False)
+    assert (found["expire-leases"].rows, found["expire-leases"].exact) == (0, False)
     assert show_statement_timeout() == "0"
 
 

@@ -15,8 +15,8 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.django_db
 DASHBOARD = ROOT / "deploy/grafana/cleanup-dashboard.json"
 RULES = ROOT / "deploy/prometheus/cleanup-alerts.yml"
-# Series without a policy label.
-UNLABELLED = {"cleanup_heartbeat_age_seconds"}
+# Series without a policy label (per cluster; per database server).
+UNLABELLED = {"cleanup_heartbeat_age_seconds", "cleanup_replica_lag_seconds"}
 
 
 def emitted(client) -> dict[str, str]:

@@ -12,9 +12,23 @@ from django_q.models import OrmQ
 
 from cleanup.engine.dispatch import dispatch, dispatch_in_process
 from cleanup.models import Chunk, Run
-from tests.factories import SeatHoldFactory
+from tests.engine_app.factories import LeaseFactory
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def dead_letter(expired_leases) -> Chunk:
+    """A chunk of expire-leases dead-lettered for its message's unknown version, as the
+    worker leaves it, with the queue emptied."""
+    from cleanup.engine.worker import apply_chunk
+
+    chunk = dispatch("expire-leases").run.chunks.get()
+    apply_chunk({**chunk.message, "version": 99})
+    OrmQ.objects.all().delete()
+    chunk = Chunk.objects.get(pk=chunk.pk)
+    assert chunk.state == Chunk.State.DEAD_LETTERED
+    return chunk
 
 
 def run_json(*args) -> dict:
@@ -34,9 +48,9 @@ def test_requeue_sends_dead_letters_once(dead_letter):
     assert OrmQ.objects.count() == 1
 
 
-def test_requeue_one_failure_class_across_runs(dead_letter, section):
-    SeatHoldFactory(section=section, expired=True)
-    other = dispatch("expire-holds").run.chunks.get()
+def test_requeue_one_failure_class_across_runs(dead_letter, account):
+    LeaseFactory(account=account, expired=True)
+    other = dispatch("expire-leases").run.chunks.get()
     Chunk.objects.filter(pk=other.pk).update(state="dead_lettered", failure_class="poison")
 
     result = run_json("cleanup_requeue", "--class", "malformed", "--noinput")
@@ -70,9 +84,9 @@ def test_discard_without_confirmation_changes_nothing(dead_letter, monkeypatch):
     assert Chunk.objects.get(pk=dead_letter.pk).state == "dead_lettered"
 
 
-def test_cancel_twice_is_harmless_and_a_finished_run_is_refused(dead_letter, section):
-    SeatHoldFactory(section=section, expired=True)
-    run = dispatch("expire-holds").run
+def test_cancel_twice_is_harmless_and_a_finished_run_is_refused(dead_letter, account):
+    LeaseFactory(account=account, expired=True)
+    run = dispatch("expire-leases").run
 
     first = run_json("cleanup_cancel", str(run.pk), "--noinput")
     again = run_json("cleanup_cancel", str(run.pk), "--noinput")
@@ -92,9 +106,9 @@ def test_operator_commands_refuse_unknown_runs_and_chunks(dead_letter):
     assert Chunk.objects.get(pk=dead_letter.pk).state == "dead_lettered"
 
 
-def test_replay_of_a_cancelled_run_is_refused(section):
-    SeatHoldFactory(section=section, expired=True)
-    run = dispatch("expire-holds").run
+def test_replay_of_a_cancelled_run_is_refused(account):
+    LeaseFactory(account=account, expired=True)
+    run = dispatch("expire-leases").run
     call_command("cleanup_cancel", str(run.pk), interactive=False, stdout=StringIO())
     with pytest.raises(CommandError, match="is cancelled"):
         call_command("cleanup_replay", str(run.pk))
@@ -108,13 +122,13 @@ def test_commands_take_the_short_run_id_the_admin_shows(dead_letter):
 
 
 def test_an_ambiguous_short_id_is_refused_naming_the_runs_and_a_prefix_is_not_an_id(
-        expired_holds):
+        expired_leases):
     import uuid
 
     from django.utils import timezone
     for suffix in ("1", "2"):
         Run.objects.create(id=uuid.UUID(f"abcd0000-0000-0000-0000-00000000000{suffix}"),
-                           policy="expire-holds", dispatch_key=f"k{suffix}",
+                           policy="expire-leases", dispatch_key=f"k{suffix}",
                            cutoff=timezone.now(), scheme="items", trigger="command",
                            planned_all=True)
 
@@ -132,13 +146,13 @@ def test_an_ambiguous_short_id_is_refused_naming_the_runs_and_a_prefix_is_not_an
         "2")
 
 
-def test_runs_lists_recent_runs_with_filters_and_says_when_there_are_none(expired_holds):
+def test_runs_lists_recent_runs_with_filters_and_says_when_there_are_none(expired_leases):
     out = StringIO()
     call_command("cleanup_runs", stdout=out)
     assert out.getvalue().strip() == "No runs yet: nothing has been dispatched."
 
-    worked = dispatch_in_process("expire-holds").run
-    idle = dispatch_in_process("expire-holds").run  # found nothing
+    worked = dispatch_in_process("expire-leases").run
+    idle = dispatch_in_process("expire-leases").run  # found nothing
 
     listed = run_json("cleanup_runs")
     assert [r["run_id"] for r in listed["runs"]] == [str(idle.pk), str(worked.pk)]
@@ -156,18 +170,15 @@ def test_runs_lists_recent_runs_with_filters_and_says_when_there_are_none(expire
         call_command("cleanup_runs", "--since", "soon")
 
 
-def test_commands_speak_of_rows_updated_for_an_update_policy(section):
-    from datetime import timedelta
+def test_commands_speak_of_rows_updated_for_an_update_policy(account):
+    from tests.engine_app.services import keep_lease
 
-    from django.utils import timezone
-
-    from reservations.services import hold_seat
-
-    for n in range(3):  # reminders due a minute ago
-        hold_seat(section.pk, f"learner-{n}", now=timezone.now() - timedelta(minutes=11))
-    marked = dispatch_in_process("mark-reminders-ready").run
-    SeatHoldFactory.create_batch(2, section=section, expired=True)
-    expired = dispatch_in_process("expire-holds").run
+    flagged = LeaseFactory.create_batch(3, account=account, expired=True)
+    marked = dispatch_in_process("flag-leases").run
+    for lease in flagged:  # out of expire-leases' reach
+        keep_lease(lease.pk)
+    LeaseFactory.create_batch(2, account=account, expired=True)
+    expired = dispatch_in_process("expire-leases").run
 
     status = run_json("cleanup_status", str(marked.pk))
     assert (status["mutation"], status["rows_changed"], status["rows_updated"],
@@ -179,8 +190,8 @@ def test_commands_speak_of_rows_updated_for_an_update_policy(section):
     call_command("cleanup_status", str(expired.pk), stdout=out)
     assert "2 rows deleted, 0 skipped" in out.getvalue()
     listed = {r["policy"]: r for r in run_json("cleanup_runs")["runs"]}
-    assert listed["mark-reminders-ready"]["rows_changed"] == 3
-    assert listed["expire-holds"]["rows_changed"] == listed["expire-holds"]["rows_deleted"] == 2
+    assert listed["flag-leases"]["rows_changed"] == 3
+    assert listed["expire-leases"]["rows_changed"] == listed["expire-leases"]["rows_deleted"] == 2
     out = StringIO()
     call_command("cleanup_runs", stdout=out)
     header, *rows = out.getvalue().splitlines()

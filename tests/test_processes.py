@@ -18,9 +18,9 @@ from django_q.models import OrmQ
 from cleanup.engine.dispatch import dispatch
 from cleanup.engine.worker import Outcome, apply_chunk
 from cleanup.models import Chunk, Run
-from reservations.models import SeatHold
 from tests.conftest import ROOT, manage, subprocess_env, wait_for
-from tests.factories import ReminderAttemptFactory, SeatHoldFactory, SectionFactory
+from tests.engine_app.factories import AccountFactory, LeaseFactory, LeaseLogFactory
+from tests.engine_app.models import Lease
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,14 +50,14 @@ def qcluster():
 
 @pytest.mark.qcluster
 def test_qcluster_applies_runs_and_redelivery_after_commit_is_noop(qcluster, chunk_size):
-    section = SectionFactory()
-    SeatHoldFactory.create_batch(6, section=section, expired=True)
-    survivor = SeatHoldFactory(section=section)
-    ReminderAttemptFactory.create_batch(3, stale=True)
-    chunk_size("expire-holds", 2)
-    holds_run = dispatch("expire-holds").run
-    reminders_run = dispatch("purge-reminder-attempts").run
-    first = holds_run.chunks.get(chunk_id=1)
+    account = AccountFactory()
+    LeaseFactory.create_batch(6, account=account, expired=True)
+    survivor = LeaseFactory(account=account)
+    LeaseLogFactory.create_batch(3, stale=True)  # one account each: three range chunks
+    chunk_size("expire-leases", 2)
+    leases_run = dispatch("expire-leases").run
+    logs_run = dispatch("purge-lease-logs").run
+    first = leases_run.chunks.get(chunk_id=1)
     # A worker that committed chunk 1 and died before django-q2 acknowledged it: the
     # message is still in the queue.
     apply_chunk(first.message)
@@ -70,13 +70,13 @@ def test_qcluster_applies_runs_and_redelivery_after_commit_is_noop(qcluster, chu
         what="every chunk acknowledged",
     )
 
-    assert list(SeatHold.objects.all()) == [survivor]
-    for run in (holds_run, reminders_run):
+    assert list(Lease.objects.all()) == [survivor]
+    for run in (leases_run, logs_run):
         run.refresh_from_db()
         assert run.state == Run.State.COMPLETED
     first.refresh_from_db()
     assert (first.deliveries, first.noop_deliveries, first.rows_deleted) == (2, 1, 2)
-    assert sum(c.rows_deleted for c in holds_run.chunks.all()) == 6
+    assert sum(c.rows_deleted for c in leases_run.chunks.all()) == 6
     wait_for(lambda: OrmQ.objects.count() == 0, what="the queue to drain")
 
 
@@ -96,27 +96,28 @@ worker.apply_chunk(json.loads(sys.argv[1]))
 
 def test_poison_chunk_killing_its_worker_is_dead_lettered_after_the_limit(settings):
     settings.CLEANUP_MAX_UNFINISHED_DELIVERIES = 3
-    SeatHoldFactory.create_batch(2, expired=True)
-    chunk = dispatch("expire-holds").run.chunks.get()
+    LeaseFactory.create_batch(2, expired=True)
+    chunk = dispatch("expire-leases").run.chunks.get()
 
     for _ in range(3):
         process = subprocess.run(
             [sys.executable, "-c", KILL_MID_CHUNK, json.dumps(chunk.message)],
-            cwd=ROOT, env=subprocess_env(DJANGO_SETTINGS_MODULE="config.settings"),
+            # The test settings, so the engine app's policies exist in the subprocess.
+            cwd=ROOT, env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings"),
             capture_output=True, text=True, timeout=60,
         )
         assert process.returncode == -signal.SIGKILL, process.stdout + process.stderr
 
     chunk.refresh_from_db()
     assert (chunk.deliveries, chunk.deliveries_completed, chunk.state) == (3, 0, "enqueued")
-    assert SeatHold.objects.count() == 2  # each killed DELETE rolled back
+    assert Lease.objects.count() == 2  # each killed DELETE rolled back
 
     assert apply_chunk(chunk.message) == Outcome.DEAD_LETTERED
 
     chunk.refresh_from_db()
     assert chunk.state == Chunk.State.DEAD_LETTERED
     assert chunk.run.state == Run.State.COMPLETED_WITH_DEAD_LETTERS
-    assert SeatHold.objects.count() == 2
+    assert Lease.objects.count() == 2
 
 
 def test_heartbeat_tells_a_frozen_cluster_from_an_idle_one(client, settings):

@@ -11,9 +11,11 @@ from django.core.management import call_command
 from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
+from django_q.models import Schedule
 
 from cleanup.engine.dispatch import dispatch
 from cleanup.engine.worker import Outcome, apply_chunk
+from cleanup.scheduling.schedules import install_schedules
 from reservations.exceptions import HoldNotFound, HoldNotRenewable, SectionFull
 from reservations.models import ReminderAttempt, SeatHold, Tenant
 from reservations.services import confirm_hold, hold_seat, release_hold, renew_hold
@@ -178,3 +180,26 @@ def test_seeding_again_after_a_tenant_was_deleted_picks_free_names(db):
     call_command(*seed, stdout=StringIO())
     assert sorted(Tenant.objects.values_list("name", flat=True)) == [
         "Institution 1", "Institution 2", "Institution 3", "Institution 4"]
+
+
+def test_the_product_expires_holds_each_minute_and_purges_reminder_attempts_hourly(db):
+    install_schedules()
+    crons = dict(Schedule.objects.filter(name__in=[
+        "cleanup:expire-holds", "cleanup:mark-reminders-ready",
+        "cleanup:purge-reminder-attempts"]).values_list("name", "cron"))
+    assert crons == {"cleanup:expire-holds": "* * * * *",
+                     "cleanup:mark-reminders-ready": "* * * * *",
+                     "cleanup:purge-reminder-attempts": "15 * * * *"}
+
+
+def test_cleanup_policies_lists_the_product_policies_by_what_they_do(db):
+    out = StringIO()
+    call_command("cleanup_policies", stdout=out)
+    headings = [line for line in out.getvalue().splitlines()
+                if line.startswith(("expire-holds ", "mark-reminders-ready ",
+                                    "purge-reminder-attempts "))]
+    assert headings == [
+        "expire-holds (delete reservations.SeatHold, items chunks, window 4)",
+        "mark-reminders-ready (update reservations.Reminder, items chunks, window 4)",
+        "purge-reminder-attempts (delete reservations.ReminderAttempt, range chunks, window 4)",
+    ]

@@ -12,9 +12,10 @@ from cleanup.engine.dispatch import dispatch, dispatch_in_process
 from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk, LedgerTotal, Run
 from cleanup.retention import PURGE_CHUNKS, PURGE_RUNS, PURGE_TASK_RESULTS
-from tests.test_metrics import HOLDS, scrape, value
+from tests.test_metrics import scrape, value
 
 pytestmark = pytest.mark.django_db
+LEASES = {"policy": "expire-leases"}
 OLD = timezone.now() - timedelta(days=40)
 COUNTERS = ["cleanup_rows_deleted_total", "cleanup_deliveries_total", "cleanup_noop_total",
             "cleanup_chunks_committed_total", "cleanup_candidates_found_total",
@@ -23,8 +24,8 @@ COUNTERS = ["cleanup_rows_deleted_total", "cleanup_deliveries_total", "cleanup_n
 
 
 @pytest.fixture
-def old_run(expired_holds):
-    run = dispatch("expire-holds").run
+def old_run(expired_leases):
+    run = dispatch("expire-leases").run
     chunk = run.chunks.get()
     apply_chunk(chunk.message)
     apply_chunk(chunk.message)
@@ -35,8 +36,8 @@ def old_run(expired_holds):
 
 def counters(client) -> dict:
     samples = scrape(client)
-    return {name: value(samples, name, **HOLDS) for name in COUNTERS} | {
-        "runs": value(samples, "cleanup_runs_total", trigger="command", **HOLDS)}
+    return {name: value(samples, name, **LEASES) for name in COUNTERS} | {
+        "runs": value(samples, "cleanup_runs_total", trigger="command", **LEASES)}
 
 
 def test_old_chunks_then_runs_are_purged_and_counters_keep_their_values(client, old_run):
@@ -50,11 +51,11 @@ def test_old_chunks_then_runs_are_purged_and_counters_keep_their_values(client, 
     dispatch_in_process(PURGE_RUNS)
     assert not Run.objects.filter(pk=old_run.pk).exists()
     assert counters(client) == before
-    assert LedgerTotal.objects.get(policy="expire-holds", key="rows_deleted").value == 5
+    assert LedgerTotal.objects.get(policy="expire-leases", key="rows_deleted").value == 5
 
 
-def test_recent_and_unfinished_ledger_rows_stay(client, expired_holds):
-    run = dispatch("expire-holds").run  # enqueued, not finished
+def test_recent_and_unfinished_ledger_rows_stay(client, expired_leases):
+    run = dispatch("expire-leases").run  # enqueued, not finished
     Chunk.objects.filter(run=run).update(planned_at=OLD)
 
     dispatch_in_process(PURGE_CHUNKS)
@@ -92,8 +93,8 @@ def test_old_slots_of_the_trigger_ledger_are_purged_and_recent_ones_stay(db):
     from cleanup.models import Slot
     from cleanup.retention import PURGE_SLOTS
 
-    old = Slot.objects.create(policy="expire-holds", slot_at=OLD, fired_at=OLD)
-    recent = Slot.objects.create(policy="expire-holds", slot_at=timezone.now())
+    old = Slot.objects.create(policy="expire-leases", slot_at=OLD, fired_at=OLD)
+    recent = Slot.objects.create(policy="expire-leases", slot_at=timezone.now())
 
     dispatch_in_process(PURGE_SLOTS)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -10,6 +11,7 @@ from django_q.models import OrmQ, Schedule
 from django_q.scheduler import scheduler
 from django_q.signing import SignedPackage
 
+from cleanup import policies
 from cleanup.engine.dispatch import dispatch
 from cleanup.engine.worker import apply_chunk
 from cleanup.models import Run, ScheduleInstall, Slot
@@ -25,6 +27,17 @@ pytestmark = pytest.mark.django_db
 real_scheduler = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture(autouse=True)
+def scheduled_leases():
+    """The engine app's policies run on demand; here two of them run on a schedule,
+    one every minute and one hourly."""
+    with policies.registered(
+        replace(get_policy("expire-leases"), schedule="* * * * *"),
+        replace(get_policy("purge-lease-logs"), schedule="15 * * * *"),
+    ):
+        yield
+
+
 def fire_due_schedules() -> list[dict]:
     """Let django-q2's own scheduler fire what is due; return the queued tasks."""
     OrmQ.objects.all().delete()
@@ -33,13 +46,13 @@ def fire_due_schedules() -> list[dict]:
 
 
 @real_scheduler
-def test_scheduler_passes_its_slot_and_a_slot_fired_twice_gives_one_run(expired_holds):
+def test_scheduler_passes_its_slot_and_a_slot_fired_twice_gives_one_run(expired_leases):
     install_schedules()
     slot = (timezone.now() - timedelta(minutes=10)).replace(second=0, microsecond=0)
-    Schedule.objects.filter(name="cleanup:expire-holds").update(next_run=slot)
+    Schedule.objects.filter(name="cleanup:expire-leases").update(next_run=slot)
 
     (task,) = fire_due_schedules()
-    Schedule.objects.filter(name="cleanup:expire-holds").update(next_run=slot)
+    Schedule.objects.filter(name="cleanup:expire-leases").update(next_run=slot)
     (again,) = fire_due_schedules()
 
     assert task["kwargs"]["scheduled_for"] == again["kwargs"]["scheduled_for"] == slot.isoformat()
@@ -51,14 +64,14 @@ def test_scheduler_passes_its_slot_and_a_slot_fired_twice_gives_one_run(expired_
     assert first == second
     run = Run.objects.get()
     assert run.trigger == Run.Trigger.SCHEDULE
-    assert run.dispatch_key == f"schedule:expire-holds:{slot.isoformat()}"
+    assert run.dispatch_key == f"schedule:expire-leases:{slot.isoformat()}"
 
 
-def test_a_slot_fired_while_a_run_is_in_flight_is_coalesced_into_it(expired_holds):
-    in_flight = dispatch("expire-holds").run
+def test_a_slot_fired_while_a_run_is_in_flight_is_coalesced_into_it(expired_leases):
+    in_flight = dispatch("expire-leases").run
     slot = timezone.now().replace(second=0, microsecond=0)
 
-    assert dispatch_scheduled("expire-holds", slot.isoformat()) == str(in_flight.pk)
+    assert dispatch_scheduled("expire-leases", slot.isoformat()) == str(in_flight.pk)
     assert Run.objects.get() == in_flight
     recorded = Slot.objects.get()
     assert (recorded.outcome, recorded.run_id) == (Slot.Outcome.COALESCED, in_flight.pk)
@@ -66,16 +79,16 @@ def test_a_slot_fired_while_a_run_is_in_flight_is_coalesced_into_it(expired_hold
     for chunk in in_flight.chunks.all():
         apply_chunk(chunk.message)
     # The same slot delivered again stays coalesced; the next slot starts a run.
-    assert dispatch_scheduled("expire-holds", slot.isoformat()) == str(in_flight.pk)
-    later = dispatch_scheduled("expire-holds", (slot + timedelta(minutes=1)).isoformat())
+    assert dispatch_scheduled("expire-leases", slot.isoformat()) == str(in_flight.pk)
+    later = dispatch_scheduled("expire-leases", (slot + timedelta(minutes=1)).isoformat())
     assert later != str(in_flight.pk) and Run.objects.count() == 2
 
 
-def test_slot_tasks_queued_during_a_stall_collapse_into_one_run(expired_holds):
+def test_slot_tasks_queued_during_a_stall_collapse_into_one_run(expired_leases):
     slot = timezone.now().replace(second=0, microsecond=0)
     queued = [slot - timedelta(minutes=n) for n in range(5, 0, -1)]
 
-    runs = {dispatch_scheduled("expire-holds", s.isoformat()) for s in queued}
+    runs = {dispatch_scheduled("expire-leases", s.isoformat()) for s in queued}
 
     assert len(runs) == 1 and Run.objects.count() == 1
     outcomes = list(Slot.objects.order_by("slot_at").values_list("outcome", flat=True))
@@ -86,15 +99,15 @@ def test_slot_tasks_queued_during_a_stall_collapse_into_one_run(expired_holds):
 def test_the_scheduler_records_each_slot_it_fires_once_whether_or_not_a_worker_runs_it(db):
     install_schedules()
     slot = (timezone.now() - timedelta(minutes=3)).replace(second=0, microsecond=0)
-    Schedule.objects.filter(name="cleanup:expire-holds").update(next_run=slot)
+    Schedule.objects.filter(name="cleanup:expire-leases").update(next_run=slot)
     fire_due_schedules()
-    Schedule.objects.filter(name="cleanup:expire-holds").update(next_run=slot)
+    Schedule.objects.filter(name="cleanup:expire-leases").update(next_run=slot)
     fire_due_schedules()  # fired twice (two clusters, a retried pass)
 
-    recorded = Slot.objects.get(policy="expire-holds")
+    recorded = Slot.objects.get(policy="expire-leases")
     assert (recorded.slot_at, recorded.outcome, recorded.run_id) == (slot, "fired", None)
     now = timezone.now()
-    assert schedule_status(get_policy("expire-holds"), now).lag == timedelta(0)
+    assert schedule_status(get_policy("expire-leases"), now).lag == timedelta(0)
 
 
 def test_a_fresh_install_misses_nothing_until_its_first_slot_is_due(db):
@@ -103,22 +116,22 @@ def test_a_fresh_install_misses_nothing_until_its_first_slot_is_due(db):
     for policy in all_policies():
         if policy.schedule:
             assert schedule_status(policy, now).lag == timedelta(0), policy.name
-    hourly = get_policy("purge-reminder-attempts")  # "15 * * * *"
+    hourly = get_policy("purge-lease-logs")  # "15 * * * *"
     first_slot = schedule_status(hourly, now).next_slot
     assert schedule_status(hourly, first_slot - timedelta(seconds=1)).lag == timedelta(0)
     late = schedule_status(hourly, first_slot + timedelta(minutes=5))
     assert (late.lag, late.expected_slot) == (timedelta(minutes=5), first_slot)
 
 
-def test_a_run_in_flight_does_not_hide_a_scheduler_that_stopped_firing(expired_holds):
+def test_a_run_in_flight_does_not_hide_a_scheduler_that_stopped_firing(expired_leases):
     install_schedules()
-    dispatch("expire-holds")  # in flight, and stays so
+    dispatch("expire-leases")  # in flight, and stays so
     last_fire = timezone.now() - timedelta(minutes=16)
     ScheduleInstall.objects.update(installed_at=last_fire - timedelta(hours=1))
-    Slot.objects.create(policy="expire-holds", slot_at=last_fire.replace(second=0),
+    Slot.objects.create(policy="expire-leases", slot_at=last_fire.replace(second=0),
                         fired_at=last_fire, outcome=Slot.Outcome.STARTED)
 
-    status = schedule_status(get_policy("expire-holds"), timezone.now())
+    status = schedule_status(get_policy("expire-leases"), timezone.now())
     assert status.lag > timedelta(minutes=14) and status.missed
     assert status.undispatched == 0
 
@@ -126,33 +139,33 @@ def test_a_run_in_flight_does_not_hide_a_scheduler_that_stopped_firing(expired_h
 def test_a_fired_slot_no_worker_dispatched_is_stalled_work_not_a_missed_schedule(db):
     install_schedules()
     now = timezone.now()
-    Slot.objects.create(policy="expire-holds", slot_at=now - timedelta(minutes=10),
+    Slot.objects.create(policy="expire-leases", slot_at=now - timedelta(minutes=10),
                         fired_at=now - timedelta(minutes=10))
-    Slot.objects.create(policy="expire-holds", slot_at=now.replace(second=0, microsecond=0),
+    Slot.objects.create(policy="expire-leases", slot_at=now.replace(second=0, microsecond=0),
                         fired_at=now)  # the scheduler still fires; no worker takes them
 
-    status = schedule_status(get_policy("expire-holds"), now)
+    status = schedule_status(get_policy("expire-leases"), now)
     assert (status.missed, status.undispatched) == (False, 1)
 
 
-def test_stalled_run_does_not_block_the_schedule(expired_holds):
-    stalled = dispatch("expire-holds").run
+def test_stalled_run_does_not_block_the_schedule(expired_leases):
+    stalled = dispatch("expire-leases").run
     Run.objects.filter(pk=stalled.pk).update(created_at=timezone.now() - timedelta(hours=1))
     slot = timezone.now().replace(second=0, microsecond=0)
 
-    assert dispatch_scheduled("expire-holds", slot.isoformat()) is not None
+    assert dispatch_scheduled("expire-leases", slot.isoformat()) is not None
     assert Run.objects.count() == 2
 
 
 @real_scheduler
-def test_late_schedule_fires_once_and_its_cutoff_covers_the_backlog(expired_holds):
+def test_late_schedule_fires_once_and_its_cutoff_covers_the_backlog(expired_leases):
     install_schedules()
     long_ago = timezone.now() - timedelta(hours=5)
-    Schedule.objects.filter(name="cleanup:expire-holds").update(next_run=long_ago)
+    Schedule.objects.filter(name="cleanup:expire-leases").update(next_run=long_ago)
 
     (task,) = fire_due_schedules()
 
-    assert Schedule.objects.get(name="cleanup:expire-holds").next_run > timezone.now()
+    assert Schedule.objects.get(name="cleanup:expire-leases").next_run > timezone.now()
     dispatch_scheduled(**{k: v for k, v in task["kwargs"].items() if k != "q_options"})
     run = Run.objects.get()
     assert run.cutoff > long_ago + timedelta(hours=4)  # frozen at dispatch, not the slot
@@ -161,12 +174,12 @@ def test_late_schedule_fires_once_and_its_cutoff_covers_the_backlog(expired_hold
 
 def test_install_updates_a_changed_schedule_and_removes_an_unregistered_one(db, settings):
     install_schedules()
-    Schedule.objects.filter(name="cleanup:expire-holds").update(cron="*/5 * * * *")
+    Schedule.objects.filter(name="cleanup:expire-leases").update(cron="*/5 * * * *")
     Schedule.objects.create(name="cleanup:retired-policy", func="cleanup.tasks.dispatch_scheduled",
                             schedule_type=Schedule.MINUTES, minutes=5)
 
     changes = install_schedules()
 
-    assert changes.updated == ["cleanup:expire-holds"]
+    assert changes.updated == ["cleanup:expire-leases"]
     assert changes.removed == ["cleanup:retired-policy"]
-    assert Schedule.objects.get(name="cleanup:expire-holds").cron == "* * * * *"
+    assert Schedule.objects.get(name="cleanup:expire-leases").cron == "* * * * *"

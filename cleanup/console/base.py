@@ -53,3 +53,6 @@ class LedgerAdmin(ConfirmedActionsAdmin):
 
     def has_cancel_permission(self, request):
         return request.user.has_perm("cleanup.cancel")
+
+    def has_pause_permission(self, request):
+        return request.user.has_perm("cleanup.pause")

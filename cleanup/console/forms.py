@@ -46,6 +46,11 @@ class NewCutoffForm(forms.Form):
     )
 
 
+class PauseForm(forms.Form):
+    reason = forms.CharField(max_length=500, widget=forms.TextInput(attrs={"size": 60}),
+                             help_text="Why: the overview, the status and the alerts show it.")
+
+
 class DiscardForm(forms.Form):
     reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
                              help_text="Kept on each chunk.")

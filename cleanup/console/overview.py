@@ -3,13 +3,18 @@ and whether any cluster takes work."""
 
 from __future__ import annotations
 
+from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import path
+from django.urls import path, reverse
 from django.utils import timezone
 
 from cleanup.conf import lease
 from cleanup.console.base import LedgerAdmin
+from cleanup.console.forms import PauseForm
+from cleanup.engine import holds, operations
+from cleanup.exceptions import CleanupError
 from cleanup.observability import health as health_report
 from cleanup.observability.overview import banner, overview
 
@@ -23,8 +28,14 @@ class CleanupOverviewAdmin(LedgerAdmin):
         return request.user.has_perm("cleanup.view_run")
 
     def get_urls(self):
-        return [path("", self.admin_site.admin_view(self.changelist_view),
-                     name="cleanup_cleanupoverview_changelist")]
+        return [
+            path("", self.admin_site.admin_view(self.changelist_view),
+                 name="cleanup_cleanupoverview_changelist"),
+            path("pause/<str:policy>/", self.admin_site.admin_view(self.pause_view),
+                 name="cleanup_policy_pause"),
+            path("resume/<str:policy>/", self.admin_site.admin_view(self.resume_view),
+                 name="cleanup_policy_resume"),
+        ]
 
     def changelist_view(self, request, extra_context=None):
         if not self.has_view_permission(request):
@@ -42,6 +53,52 @@ class CleanupOverviewAdmin(LedgerAdmin):
             "now": now,
             "lease": lease(),
             "refresh_seconds": OVERVIEW_REFRESH_SECONDS,
+            "can_pause": self.has_pause_permission(request),
         }
         return TemplateResponse(request, "admin/cleanup/cleanupoverview/overview.html",
+                                context)
+
+    def pause_view(self, request, policy):
+        """Pause a policy: a form for the reason, then the pause (nothing new is planned
+        until it is resumed)."""
+        return self._hold_page(request, policy, pause=True)
+
+    def resume_view(self, request, policy):
+        """Resume a paused policy after a confirmation; its window refills at once."""
+        return self._hold_page(request, policy, pause=False)
+
+    def _hold_page(self, request, policy, *, pause: bool):
+        if not self.has_pause_permission(request):
+            raise PermissionDenied
+        form = PauseForm(request.POST or None) if pause else None
+        back = HttpResponseRedirect(reverse("admin:cleanup_cleanupoverview_changelist"))
+        if request.method == "POST" and (form is None or form.is_valid()):
+            actor = request.user.get_username()
+            try:
+                if pause:
+                    change = operations.pause_policy(policy, form.cleaned_data["reason"],
+                                                     actor=actor)
+                else:
+                    change = operations.resume_policy(policy, actor=actor)
+            except CleanupError as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+                return back
+            described = holds.describe(change.hold)
+            if not change.changed:
+                text = f"{policy} was already {described}; nothing changed."
+            elif pause:
+                text = f"Paused {policy}: nothing new is planned until it is resumed."
+            else:
+                text = (f"Resumed {policy} after it was {described}; "
+                        f"{change.planned} chunks planned now.")
+            self.message_user(request, text, messages.SUCCESS if change.changed
+                              else messages.WARNING)
+            return back
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"{'Pause' if pause else 'Resume'} {policy}",
+            "opts": self.opts, "policy": policy, "form": form, "pause": pause,
+            "held": [holds.describe(hold) for hold in holds.open_holds(policy)],
+        }
+        return TemplateResponse(request, "admin/cleanup/cleanupoverview/hold_form.html",
                                 context)

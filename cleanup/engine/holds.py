@@ -1,13 +1,16 @@
-"""Holds: a policy that plans and sends nothing new until it is resumed.
+"""Holds: times a policy plans and sends nothing new.
 
-An operator pauses a policy (``cleanup_pause``); while the pause is open, topping up the
-window plans nothing for the policy's runs (cleanup.engine.window), a dispatch creates
-its run and says it is held, and scheduled slots still coalesce into the run in flight.
-Chunks already sent finish; nothing is dead-lettered, retried or failed for being held,
-and the runs stay running. Resuming ends the hold and refills the window at once.
+An operator pauses a policy (``cleanup_pause``, cleanup.engine.operations), or the
+database's pressure holds it (cleanup.engine.pressure: a standby replaying too far
+behind, a failing indicator). While a hold is open, topping up the window plans
+nothing for the policy's runs (cleanup.engine.window), a dispatch creates its run and
+says it is held, and scheduled slots still coalesce into the run in flight. Chunks
+already sent finish; nothing is dead-lettered, retried or failed for being held, and
+the runs stay running. A pause ends when it is resumed; a pressure hold when its
+signal clears, the window then refilling by itself.
 
-Every hold is kept, ended or not, with its reason and who began and ended it: the
-ledger of why a policy was not working.
+Every hold is kept, ended or not, with its reason, its figures and who began and ended
+it: the ledger of why a policy was not working.
 """
 
 from __future__ import annotations
@@ -16,14 +19,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import structlog
-from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from cleanup.display import duration
-from cleanup.engine import window
-from cleanup.exceptions import CleanupError
+from cleanup.engine.pressure import Level, Signal
 from cleanup.models import Hold
-from cleanup.policies import get_policy
 
 log = structlog.get_logger("cleanup.holds")
 
@@ -35,42 +35,30 @@ class HoldChange:
     planned: int = 0  # chunks planned at once on resuming
 
 
-def pause(policy_name: str, reason: str, *, actor: str = "") -> HoldChange:
-    """Open a pause of the policy; a policy already paused keeps its first pause."""
-    policy = get_policy(policy_name)
-    reason = (reason or "").strip()
-    if not reason:
-        raise CleanupError("a pause needs a reason (--reason): it is what the console, "
-                           "the status and the alerts show")
-    try:
-        with transaction.atomic():
-            hold = Hold.objects.create(policy=policy.name, reason=Hold.PAUSED, detail=reason,
-                                       actor=actor)
-    except IntegrityError:  # paused already (the one open pause per policy)
-        return HoldChange(open_holds(policy.name)[0], changed=False)
-    log.warning("policy paused", policy=policy.name, reason=reason, actor=actor)
-    return HoldChange(hold, changed=True)
-
-
-def resume(policy_name: str, *, actor: str = "") -> HoldChange:
-    """End the policy's pause and top its window up now; a policy not paused is left
-    as it is (``changed`` False, with its last pause if it had one)."""
-    policy = get_policy(policy_name)
-    with transaction.atomic():
-        hold = (Hold.objects.select_for_update()
-                .filter(policy=policy.name, reason=Hold.PAUSED, ended_at__isnull=True).first())
-        if hold is None:
-            last = Hold.objects.filter(policy=policy.name, reason=Hold.PAUSED).first()
-            if last is None:
-                raise CleanupError(f"policy {policy.name!r} is not paused")
-            return HoldChange(last, changed=False)
-        hold.ended_at, hold.ended_by = timezone.now(), actor
-        hold.save(update_fields=["ended_at", "ended_by"])
-    # Its own transaction, after the hold ended: the window refills as a chunk's end would.
-    planned = window.top_up_now(policy.name)
-    log.info("policy resumed", policy=policy.name, actor=actor, planned=planned,
-             held_for=str(hold.ended_at - hold.began_at))
-    return HoldChange(hold, changed=True, planned=planned)
+def record_pressure(policy_name: str, signal: Signal, held: list[Hold]) -> None:
+    """Keep the ledger in line with the policy's pressure signal, in the caller's
+    transaction (under the policy's planning lock): a hold opens when a signal holds,
+    its figures follow the latest reading, and it ends once the signal clears or names
+    another reason. ``held`` is the policy's open holds, as read by the caller."""
+    now = timezone.now()
+    pressure = [hold for hold in held if hold.reason != Hold.PAUSED]
+    holding = signal.level is Level.HOLD
+    for hold in pressure:
+        if holding and hold.reason == signal.reason:
+            if (hold.value, hold.limit, hold.detail) != (signal.value, signal.limit,
+                                                         signal.detail):
+                Hold.objects.filter(pk=hold.pk).update(value=signal.value,
+                                                       limit=signal.limit,
+                                                       detail=signal.detail)
+            continue
+        Hold.objects.filter(pk=hold.pk).update(ended_at=now, ended_by="engine")
+        log.info("policy released", policy=policy_name, reason=hold.reason,
+                 held_for=str(now - hold.began_at))
+    if holding and signal.reason not in {hold.reason for hold in pressure}:
+        Hold.objects.create(policy=policy_name, reason=signal.reason, value=signal.value,
+                            limit=signal.limit, detail=signal.detail, actor="engine")
+        log.warning("policy held", policy=policy_name, reason=signal.reason,
+                    detail=signal.detail)
 
 
 def open_holds(policy_name: str) -> list[Hold]:

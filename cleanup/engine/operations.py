@@ -11,12 +11,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import structlog
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from cleanup.display import SHORT_ID_LENGTH, id_range, parse_id
-from cleanup.engine import outcomes, transitions, transport
+from cleanup.engine import holds, outcomes, transitions, transport, window
 from cleanup.exceptions import CleanupError, UnknownChunk, UnknownRun
-from cleanup.models import Chunk, Run
+from cleanup.models import Chunk, Hold, Run
+from cleanup.policies import get_policy
 
 log = structlog.get_logger("cleanup.operations")
 
@@ -147,3 +149,41 @@ def _log(event: str, chunks: list[Chunk], actor: str, **extra) -> None:
     for chunk in chunks:
         log.info(f"chunk {event}", run_id=str(chunk.run_id), chunk_id=chunk.chunk_id,
                  actor=actor, **extra)
+
+
+def pause_policy(policy_name: str, reason: str, *, actor: str = "") -> holds.HoldChange:
+    """Open a pause of the policy; a policy already paused keeps its first pause."""
+    policy = get_policy(policy_name)
+    reason = (reason or "").strip()
+    if not reason:
+        raise CleanupError("a pause needs a reason (--reason): it is what the console, "
+                           "the status and the alerts show")
+    try:
+        with transaction.atomic():
+            hold = Hold.objects.create(policy=policy.name, reason=Hold.PAUSED, detail=reason,
+                                       actor=actor)
+    except IntegrityError:  # paused already (the one open pause per policy)
+        return holds.HoldChange(holds.open_holds(policy.name)[0], changed=False)
+    log.warning("policy paused", policy=policy.name, reason=reason, actor=actor)
+    return holds.HoldChange(hold, changed=True)
+
+
+def resume_policy(policy_name: str, *, actor: str = "") -> holds.HoldChange:
+    """End the policy's pause and top its window up now; a policy not paused is left
+    as it is (``changed`` False, with its last pause if it had one)."""
+    policy = get_policy(policy_name)
+    with transaction.atomic():
+        hold = (Hold.objects.select_for_update()
+                .filter(policy=policy.name, reason=Hold.PAUSED, ended_at__isnull=True).first())
+        if hold is None:
+            last = Hold.objects.filter(policy=policy.name, reason=Hold.PAUSED).first()
+            if last is None:
+                raise CleanupError(f"policy {policy.name!r} is not paused")
+            return holds.HoldChange(last, changed=False)
+        hold.ended_at, hold.ended_by = timezone.now(), actor
+        hold.save(update_fields=["ended_at", "ended_by"])
+    # Its own transaction, after the hold ended: the window refills as a chunk's end would.
+    planned = window.top_up_now(policy.name)
+    log.info("policy resumed", policy=policy.name, actor=actor, planned=planned,
+             held_for=str(hold.ended_at - hold.began_at))
+    return holds.HoldChange(hold, changed=True, planned=planned)

@@ -18,6 +18,7 @@ takes the ``pg_read_all_stats`` role.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -26,6 +27,10 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from django.db import connection, transaction
+from django.utils.module_loading import import_string
+
+from cleanup.conf import conf
 
 if TYPE_CHECKING:
     from cleanup.policies import Policy
@@ -35,7 +40,7 @@ log = structlog.get_logger("cleanup.pressure")
 # What a chunk's transaction will set with SET LOCAL application_name, so the sessions
 # cleanup makes wait can be told from the rest.
 CHUNK_APPLICATION_NAME = "cleanup-chunk"
-# Defaults of the limits, later read from CLEANUP_MAX_REPLICA_LAG (seconds) and
+# Defaults of the limits; ``check`` reads CLEANUP_MAX_REPLICA_LAG (seconds) and
 # CLEANUP_MAX_LOCK_WAIT_MS.
 MAX_REPLICA_LAG = 10.0
 MAX_LOCK_WAIT_MS = 200.0
@@ -206,3 +211,33 @@ def _name(indicator: Indicator) -> str:
     while not hasattr(indicator, "__name__") and hasattr(indicator, "func"):
         indicator = indicator.func
     return getattr(indicator, "__name__", type(indicator).__name__)
+
+
+def check(policy: Policy) -> Signal:
+    """The policy's signal now: the engine's three indicators with the settings' limits
+    and the host's own (``CLEANUP_PRESSURE_INDICATORS``), reused for
+    ``CLEANUP_PRESSURE_CHECK_SECONDS``.
+
+    Read on Django's connection, each indicator in a savepoint of its own: planning runs
+    in the transaction that ends a chunk, and a failed read must not take its outcome
+    with it.
+    """
+    def compute() -> Signal:
+        indicators = [
+            functools.partial(replica_lag, limit=float(conf.MAX_REPLICA_LAG)),
+            functools.partial(lock_waits, limit_ms=float(conf.MAX_LOCK_WAIT_MS)),
+            functools.partial(vacuum, hold_on_vacuum=policy.hold_on_vacuum),
+            *(import_string(path) for path in conf.PRESSURE_INDICATORS),
+        ]
+        return evaluate(policy, [_in_savepoint(indicator) for indicator in indicators],
+                        connection)
+
+    return cached(policy.name, float(conf.PRESSURE_CHECK_SECONDS), compute)
+
+
+def _in_savepoint(indicator: Indicator) -> Indicator:
+    @functools.wraps(indicator.func if isinstance(indicator, functools.partial) else indicator)
+    def read(policy, db):
+        with transaction.atomic():
+            return indicator(policy, db)
+    return read

@@ -26,6 +26,8 @@ SPAN_FACTOR = 2
 # changes from one chunk to the next (either way).
 LATEST = 3
 STEP = 2
+# The share of the time budget a chunk learns against while its locks make others wait.
+SLOW_BUDGET_SHARE = 0.25
 
 
 def chunk_size(policy: Policy, scheme: str) -> int:
@@ -65,12 +67,15 @@ def max_span(policy: Policy, scheme: str, size: int) -> int | None:
     return max(1, round(SPAN_FACTOR * size * spans[len(spans) // 2]))
 
 
-def next_size(run, policy: Policy) -> tuple[int, int | None]:
+def next_size(run, policy: Policy, *, slow: bool = False) -> tuple[int, int | None]:
     """Return the rows and the widest id span (ranges) of the run's next chunk.
 
     From the median pace of the run's latest done chunks, bounded as for a new run and
     at most ``STEP`` times the current size either way; the span cap follows the
-    density those chunks found. Unchanged until a chunk of the run is done.
+    density those chunks found. Unchanged until a chunk of the run is done. ``slow``
+    (the policy's chunks make other sessions wait on their locks) learns against
+    ``SLOW_BUDGET_SHARE`` of the budget, so chunks shrink a step at a time until the
+    waits stop, then grow back.
     """
     current = run.next_chunk_size or run.chunk_size or policy.chunk_size
     if not conf.CHUNK_BUDGET_MS:
@@ -87,7 +92,8 @@ def next_size(run, policy: Policy) -> tuple[int, int | None]:
     if not latest:
         return current, run.max_span
     paces = sorted(row[0] / max(row[1], 1) for row in latest)
-    learned = int(conf.CHUNK_BUDGET_MS * paces[len(paces) // 2])
+    budget = conf.CHUNK_BUDGET_MS * (SLOW_BUDGET_SHARE if slow else 1)
+    learned = int(budget * paces[len(paces) // 2])
     ceiling = conf.MAX_ITEMS_PER_CHUNK if run.scheme == ITEMS else conf.MAX_RANGE_ROWS_PER_CHUNK
     size = max(current // STEP, min(learned, current * STEP))
     size = max(conf.MIN_ROWS_PER_CHUNK, min(size, ceiling))

@@ -17,21 +17,27 @@ chunks are sent and the window goes on as for any other run.
 
 from __future__ import annotations
 
+import time
+
 import structlog
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
+from django_q.tasks import async_task
 
 from cleanup.conf import conf
 from cleanup.engine import (
     frontier,
+    holds,
     messages,
     planning,
+    pressure,
     process_lock,
     sizing,
     transitions,
     transport,
 )
+from cleanup.engine.pressure import Level
 from cleanup.exceptions import UnknownPolicy, summary_of
 from cleanup.models import Chunk, Hold, Run
 from cleanup.policies import Policy, get_policy
@@ -58,14 +64,16 @@ def lock_policy(policy_name: str) -> None:
         )
 
 
-def top_up(policy_name: str, *, strict: bool = False) -> int:
+def top_up(policy_name: str, *, strict: bool = False, recheck: bool = True) -> int:
     """Plan and send chunks of the policy's running runs, oldest run first, until W are
     in flight or every run is planned; return how many were planned.
 
     Runs in the caller's transaction, under the policy's planning lock, so two chunks
     ending at once cannot plan the same range twice or overfill the window. A run whose
     planning fails is left with the error and skipped, so it cannot block the others;
-    ``strict`` (dispatch) raises instead, so the dispatch writes nothing.
+    ``strict`` (dispatch) raises instead, so the dispatch writes nothing. A policy
+    the database's pressure holds plans nothing; with nothing of it in flight, a
+    recheck task is sent to look again (``recheck`` False: the caller is that task).
     """
     try:
         policy = get_policy(policy_name)
@@ -76,16 +84,26 @@ def top_up(policy_name: str, *, strict: bool = False) -> int:
                 .filter(Q(planned_all=False) | Q(in_process=True))
                 .order_by("created_at", "pk").values_list("pk", "planned_all", "in_process"))
     _take_over(policy.name, [pk for pk, _, in_process in runs if in_process])
-    if Hold.objects.filter(policy=policy.name, ended_at__isnull=True).exists():
-        return 0  # held: nothing new until the hold ends (cleanup.engine.holds)
+    if not (runs := [row for row in runs if not row[1]]):
+        return 0  # every run planned: no pressure to read
+    held = list(Hold.objects.filter(policy=policy.name, ended_at__isnull=True))
+    signal = pressure.check(policy)
+    holds.record_pressure(policy.name, signal, held)
+    if any(hold.reason == Hold.PAUSED for hold in held) or signal.level is Level.HOLD:
+        # Nothing new until the hold ends (cleanup.engine.holds); with nothing in flight
+        # whose end would look again, a recheck task does.
+        if recheck and signal.level is Level.HOLD and not in_flight(policy.name):
+            recheck_later(policy.name)
+        return 0
+    slow = signal.level is Level.SLOW
     room = size(policy) - in_flight(policy.name)
     planned = 0
-    for run_id in [pk for pk, planned_all, _ in runs if not planned_all]:
+    for run_id, _, _ in runs:
         if room <= 0:
             break
         try:
             with transaction.atomic():
-                added = _top_up_run(run_id, policy, room)
+                added = _top_up_run(run_id, policy, room, slow=slow)
         except Exception as exc:  # noqa: BLE001 - kept on the run, retried later
             if strict:
                 raise
@@ -98,12 +116,12 @@ def top_up(policy_name: str, *, strict: bool = False) -> int:
     return planned
 
 
-def _top_up_run(run_id, policy: Policy, room: int) -> int:
+def _top_up_run(run_id, policy: Policy, room: int, *, slow: bool = False) -> int:
     # Locked, then checked again: a cancel that committed meanwhile is seen here.
     run = Run.objects.select_for_update().get(pk=run_id)
     if run.state != Run.State.RUNNING or run.planned_all:
         return 0
-    run.next_chunk_size, run.max_span = sizing.next_size(run, policy)
+    run.next_chunk_size, run.max_span = sizing.next_size(run, policy, slow=slow)
     added = 0
     while added < room and not run.planned_all:
         if _plan_next(run, policy):
@@ -235,3 +253,62 @@ def _message(run: Run, chunk_id: int, planned: planning.PlannedChunk, *,
         return messages.items_message(run, chunk_id, planned.items)
     return messages.range_message(run, chunk_id, planned.partition, planned.start_id,
                                   planned.end_id, partitioned=partitioned)
+
+
+RECHECK_TASK = "cleanup.tasks.recheck_pressure"
+# A recheck task looks this long at most, then hands over to a fresh one (well inside
+# the queue's timeout), and never more often than every MIN_RECHECK_SECONDS.
+RECHECK_FOR_SECONDS = 60
+MIN_RECHECK_SECONDS = 0.5
+
+
+def recheck(policy_name: str) -> int:
+    """Read a held policy's pressure again every ``CLEANUP_PRESSURE_CHECK_SECONDS`` and
+    top its window up once the hold clears; return the chunks then planned. A task at
+    a time per policy; one still held after ``RECHECK_FOR_SECONDS`` sends its successor."""
+    if not recheck_lock(policy_name):
+        return 0  # another worker is at it
+    try:
+        deadline = time.monotonic() + RECHECK_FOR_SECONDS
+        while time.monotonic() < deadline:
+            time.sleep(max(float(conf.PRESSURE_CHECK_SECONDS), MIN_RECHECK_SECONDS))
+            pressure.forget(policy_name)
+            with transaction.atomic():
+                planned = top_up(policy_name, recheck=False)
+                held = (Hold.objects.filter(policy=policy_name, ended_at__isnull=True)
+                        .exclude(reason=Hold.PAUSED).exists())
+            if not held:
+                return planned
+    finally:
+        recheck_unlock(policy_name)
+    async_task(RECHECK_TASK, policy_name)
+    return 0
+
+
+def recheck_later(policy_name: str) -> None:
+    """Have a worker read the held policy's pressure again until it clears (and plan
+    then), unless one is at it already; sent with this transaction (ORM broker) or after."""
+    if not recheck_lock(policy_name, probe=True):
+        return
+    if transport.queue_shares_transaction():
+        async_task(RECHECK_TASK, policy_name)
+    else:
+        transaction.on_commit(lambda: async_task(RECHECK_TASK, policy_name))
+
+
+def recheck_lock(policy_name: str, *, probe: bool = False) -> bool:
+    """Take the session's lock on rechecking the policy (at most one recheck task at a
+    time); with ``probe``, only see whether it is free."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
+                       [f"cleanup:recheck:{policy_name}"])
+        (taken,) = cursor.fetchone()
+        if taken and probe:
+            recheck_unlock(policy_name)
+    return bool(taken)
+
+
+def recheck_unlock(policy_name: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))",
+                       [f"cleanup:recheck:{policy_name}"])

@@ -17,6 +17,7 @@ from cleanup import faults
 from cleanup.conf import conf
 from cleanup.engine import messages, orphans, outcomes, process_lock, transitions
 from cleanup.engine.messages import ChunkMessage
+from cleanup.engine.pressure import CHUNK_APPLICATION_NAME
 from cleanup.exceptions import MalformedMessage, UnknownPolicy, traceback_of
 from cleanup.expressions import PairsIn
 from cleanup.models import Chunk, Run
@@ -271,9 +272,13 @@ def _dead_letter_message(raw, exc: Exception) -> Outcome:
 
 
 def _set_lock_timeout() -> None:
+    """The chunk transaction's lock timeout, and its name: the lock-waits indicator
+    (cleanup.engine.pressure) tells the sessions a chunk makes wait by it."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT set_config('lock_timeout', %s, true)", [f"{conf.LOCK_TIMEOUT_MS}ms"]
+            "SELECT set_config('lock_timeout', %s, true), "
+            "set_config('application_name', %s, true)",
+            [f"{conf.LOCK_TIMEOUT_MS}ms", CHUNK_APPLICATION_NAME],
         )
 
 

@@ -19,6 +19,7 @@ import math
 from datetime import datetime, timedelta
 
 from croniter import croniter
+from django.db import connection
 from django.db.models import Count, Min, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce, Substr
 from django.utils import timezone
@@ -30,6 +31,7 @@ from prometheus_client.core import (
 )
 
 from cleanup.conf import conf, lease
+from cleanup.engine import pressure
 from cleanup.models import Chunk, Hold, OrphanMessage, Run, ScheduleInstall, Slot
 from cleanup.observability import health
 from cleanup.observability.backlog import COUNT_CAP, Budget, backlogs
@@ -103,6 +105,12 @@ class LedgerCollector:
             seconds.add_metric(list(key), total)
         yield held
         yield seconds
+        lag = GaugeMetricFamily(
+            "cleanup_replica_lag_seconds",
+            "Replay lag of the most lagging streaming standby, read on the primary from "
+            "pg_stat_replication (0 with none, or all caught up).")
+        lag.add_metric([], pressure.replica_lag(None, connection).value or 0.0)
+        yield lag
 
     def _counters(self, policies, sums):
         for name, help_text, key in COUNTERS:

@@ -1,4 +1,4 @@
-from cleanup.engine import holds
+from cleanup.engine import holds, operations
 from cleanup.management.base import CleanupCommand
 from cleanup.models import Hold
 
@@ -24,7 +24,7 @@ class Command(CleanupCommand):
                             "alerts.")
 
     def run(self, *, policy, reason, **options) -> dict:
-        change = holds.pause(policy, reason, actor="command")
+        change = operations.pause_policy(policy, reason, actor="command")
         return {**hold_fields(change.hold), "paused": change.changed}
 
     def describe(self, result: dict, verbosity: int) -> str:

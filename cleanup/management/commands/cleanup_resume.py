@@ -1,4 +1,4 @@
-from cleanup.engine import holds
+from cleanup.engine import operations
 from cleanup.management.base import CleanupCommand, count
 from cleanup.management.commands.cleanup_pause import hold_fields
 
@@ -12,7 +12,7 @@ class Command(CleanupCommand):
         parser.add_argument("--policy", required=True, help="The policy to resume.")
 
     def run(self, *, policy, **options) -> dict:
-        change = holds.resume(policy, actor="command")
+        change = operations.resume_policy(policy, actor="command")
         return {**hold_fields(change.hold), "resumed": change.changed,
                 "chunks_planned": change.planned}
 

@@ -1,0 +1,156 @@
+"""What each CLEANUP_* setting must be, with the hint a system check gives when it is
+not (the checks themselves are in cleanup.checks)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.core import checks
+from django.utils.module_loading import import_string
+
+from cleanup.conf import DEFAULTS, PREFIX, conf, network_list
+
+# PostgreSQL's integer settings (lock_timeout, in milliseconds) stop at INT_MAX.
+PG_INT_MAX = 2_147_483_647
+# A retention of more than a century is a unit mistake, not a policy.
+MAX_RETENTION_DAYS = 36_500
+# django-q2's scheduler passes every 30 s, so a slot may fire up to that late.
+SCHEDULER_PASS_SECONDS = 30
+
+
+def whole(value: Any) -> bool:
+    """Whether the value is an int; True and False are not counts."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def number(value: Any) -> bool:
+    """Whether the value is a finite int or float (not a bool)."""
+    return (whole(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def indicator_paths(value: Any) -> bool:
+    """Whether the value lists dotted paths that import as callables."""
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        return False
+    try:
+        return all(callable(import_string(path)) for path in value)
+    except ImportError:
+        return False
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one CLEANUP_* setting must be, judged by its own value."""
+
+    name: str
+    id: str
+    requirement: str
+    hint: str
+    valid: Callable[[Any], bool]
+
+    def errors(self) -> list[checks.Error]:
+        value = getattr(conf, self.name)
+        if self.valid(value):
+            return []
+        return [
+            checks.Error(
+                f"{PREFIX}_{self.name} is {value!r}; it must be {self.requirement}.",
+                hint=f"{self.hint} The default is {DEFAULTS[self.name]!r}.",
+                id=self.id,
+            )
+        ]
+
+
+# The chunk-sizing settings, each on its own, before their bounds are compared.
+SIZING_RULES = (
+    Rule("CHUNK_BUDGET_MS", "cleanup.E006", "a number of milliseconds, 0 (off) or more",
+         "Set the transaction time a learned chunk should take, or 0 to always use the "
+         "policy's chunk_size.",
+         lambda value: number(value) and value >= 0),
+    *(
+        Rule(name, "cleanup.E006", "a whole number of rows, at least 1",
+             f"Set the {bound} rows a learned {kind} may hold.",
+             lambda value: whole(value) and value >= 1)
+        for name, bound, kind in (
+            ("MIN_ROWS_PER_CHUNK", "fewest", "chunk size"),
+            ("MAX_ITEMS_PER_CHUNK", "most", "items chunk"),
+            ("MAX_RANGE_ROWS_PER_CHUNK", "most", "range chunk"),
+        )
+    ),
+)
+WINDOW_RULE = Rule(
+    "WINDOW", "cleanup.E011", "a whole number of chunks, at least 1",
+    "With no room in the window no run would ever plan a chunk. Set it above the worker "
+    "count, so a worker finishing a chunk finds the next one queued.",
+    lambda value: whole(value) and value >= 1,
+)
+SETTING_RULES = (
+    Rule("MAX_UNFINISHED_DELIVERIES", "cleanup.E013", "a whole number of deliveries, at least 1",
+         "Set how many deliveries of a chunk may start without completing before it is "
+         "dead-lettered; at 0 every chunk would be dead-lettered on its first delivery.",
+         lambda value: whole(value) and value >= 1),
+    Rule("TRANSIENT_RETRIES", "cleanup.E014", "a whole number of retries, 0 or more",
+         "Set how often one delivery retries a deadlock, lock timeout, serialization failure "
+         "or dropped connection before the broker redelivers it; 0 retries none.",
+         lambda value: whole(value) and value >= 0),
+    Rule("TRANSIENT_BACKOFF", "cleanup.E015", "a number of seconds, 0 or more",
+         "Set the base of the jittered exponential backoff between in-task retries, in "
+         "seconds (an int or a float).",
+         lambda value: number(value) and value >= 0),
+    Rule("LOCK_TIMEOUT_MS", "cleanup.E016",
+         f"a whole number of milliseconds from 1 to {PG_INT_MAX}",
+         "Set how long a chunk's DELETE may wait for a row lock before it gives up and is "
+         "retried; PostgreSQL reads 0 as no timeout, which lets a chunk hang.",
+         lambda value: whole(value) and 1 <= value <= PG_INT_MAX),
+    Rule("SCHEDULE_GRACE_SECONDS", "cleanup.E017",
+         f"a number of seconds above {SCHEDULER_PASS_SECONDS}",
+         "Set how late a schedule slot may fire before it counts as missed. django-q2's "
+         f"scheduler passes every {SCHEDULER_PASS_SECONDS} s, so a healthy slot fires up to "
+         "that late; a shorter grace reports missed schedules that are not.",
+         lambda value: number(value) and value > SCHEDULER_PASS_SECONDS),
+    Rule("HEARTBEAT_STALE_SECONDS", "cleanup.E018",
+         f"a number of seconds above {60 + SCHEDULER_PASS_SECONDS}",
+         "Set how long a cluster may go without a heartbeat before it is reported as not "
+         "taking work. Heartbeats run once a minute and may fire up to "
+         f"{SCHEDULER_PASS_SECONDS} s late; a shorter limit makes /health answer 503 for a "
+         "healthy cluster.",
+         lambda value: number(value) and value > 60 + SCHEDULER_PASS_SECONDS),
+    *(
+        Rule(name, id_, f"a whole number of days from 1 to {MAX_RETENTION_DAYS}",
+             f"Set how many days {what} are kept before the engine purges them.",
+             lambda value: whole(value) and 1 <= value <= MAX_RETENTION_DAYS)
+        for name, id_, what in (
+            ("LEDGER_RETENTION_DAYS", "cleanup.E019", "finished chunks, slots and runs"),
+            ("TASK_RESULT_RETENTION_DAYS", "cleanup.E020", "django-q2's saved task results"),
+        )
+    ),
+    Rule("MAX_REPLICA_LAG", "cleanup.E023", "a number of seconds above 0",
+         "Set how far behind a streaming standby may replay before the engine holds "
+         "its policies; at 0 any lag at all would hold them.",
+         lambda value: number(value) and value > 0),
+    Rule("MAX_LOCK_WAIT_MS", "cleanup.E024",
+         f"a whole number of milliseconds from 1 to {PG_INT_MAX}",
+         "Set how long another session may wait on a chunk's row lock before the policy's "
+         "next chunks shrink.",
+         lambda value: whole(value) and 1 <= value <= PG_INT_MAX),
+    Rule("PRESSURE_CHECK_SECONDS", "cleanup.E025", "a number of seconds, 0 or more",
+         "Set how long a pressure reading is reused before the indicators are read again.",
+         lambda value: number(value) and value >= 0),
+    Rule("PRESSURE_INDICATORS", "cleanup.E026",
+         "a list of dotted paths of callables that can be imported",
+         "List the host's own indicators, e.g. ['myproject.pressure.batch_window']; each "
+         "takes (policy, connection) and returns a cleanup.engine.pressure.Signal.",
+         lambda value: indicator_paths(value)),
+    Rule("METRICS_TOKEN", "cleanup.E021", "a string without surrounding whitespace",
+         "Set the bearer token Prometheus sends in its Authorization header, or '' for none. "
+         "HTTP drops the whitespace around a header's value, so such a token never matches.",
+         lambda value: isinstance(value, str) and value == value.strip()),
+    Rule("METRICS_ALLOWED_NETWORKS", "cleanup.E022",
+         "a list of networks, or one string of networks separated by commas",
+         "Set the CIDR networks allowed to scrape /metrics, e.g. ['10.0.0.0/8'], or [] for "
+         "none. Until then no network may scrape (a token still works).",
+         network_list),
+)
