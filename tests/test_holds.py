@@ -149,6 +149,11 @@ def test_the_commands_pause_and_resume_with_json(backlog):
     assert out.getvalue().startswith(f"{POLICY} was already paused ")
 
     out = StringIO()
+    call_command("cleanup_dispatch", "--policy", POLICY, "--json", stdout=out)
+    dispatched = json.loads(out.getvalue())
+    assert dispatched["held"].startswith("paused ") and "by command: maintenance" in (
+        dispatched["held"])
+    out = StringIO()
     call_command("cleanup_resume", "--policy", POLICY, "--json", stdout=out)
     resumed = json.loads(out.getvalue())
     assert resumed["resumed"] and resumed["ended_by"] == "command"
