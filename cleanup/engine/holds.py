@@ -67,14 +67,6 @@ def open_holds(policy_name: str) -> list[Hold]:
                 .order_by("began_at"))
 
 
-def held_policies() -> dict[str, list[Hold]]:
-    """Every policy held now, with its open holds."""
-    held: dict[str, list[Hold]] = {}
-    for hold in Hold.objects.filter(ended_at__isnull=True).order_by("began_at"):
-        held.setdefault(hold.policy, []).append(hold)
-    return held
-
-
 def describe(hold: Hold, now: datetime | None = None) -> str:
     """A hold in words: "paused 2 min 10 s by alice: nightly maintenance"."""
     until = hold.ended_at or now or timezone.now()
