@@ -75,3 +75,11 @@ def describe(hold: Hold, now: datetime | None = None) -> str:
         who = f" by {hold.actor}" if hold.actor else ""
         return f"paused {took}{who}: {hold.detail}"
     return f"held {took}: {hold.detail or hold.reason}"
+
+
+def fields(hold: Hold) -> dict:
+    """A hold, JSON-safe, as the pause and resume commands print it under --json."""
+    return {"policy": hold.policy, "reason": hold.reason, "detail": hold.detail,
+            "actor": hold.actor, "began_at": hold.began_at.isoformat(),
+            "ended_at": hold.ended_at.isoformat() if hold.ended_at else None,
+            "ended_by": hold.ended_by, "described": describe(hold)}

@@ -19,10 +19,10 @@ import structlog
 from django.db.models import Q, Sum
 
 from cleanup.conf import conf
-from cleanup.engine import process_lock, transitions, window
+from cleanup.engine import holds, process_lock, transitions, window
 from cleanup.engine.worker import TRANSIENT_ERRORS, apply_chunk
 from cleanup.exceptions import cause_of
-from cleanup.models import ROWS_CHANGED, Chunk, Hold, Run
+from cleanup.models import ROWS_CHANGED, Chunk, Run
 
 log = structlog.get_logger("cleanup.in_process")
 
@@ -82,7 +82,7 @@ def apply_in_process(run: Run, progress: Progress | None = None) -> Applied:
     run.refresh_from_db()
     if run.state == Run.State.RUNNING and not run.planned_all:
         behind = waiting_behind(run)
-        if Hold.objects.filter(policy=run.policy, ended_at__isnull=True).exists():
+        if holds.open_holds(run.policy):
             note = ("the policy is held (cleanup_status shows why): the rest of the run is "
                     "handed to the queue, which goes on once it is resumed")
         else:

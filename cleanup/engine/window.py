@@ -86,7 +86,7 @@ def top_up(policy_name: str, *, strict: bool = False, recheck: bool = True) -> i
     _take_over(policy.name, [pk for pk, _, in_process in runs if in_process])
     if not (runs := [row for row in runs if not row[1]]):
         return 0  # every run planned: no pressure to read
-    held = list(Hold.objects.filter(policy=policy.name, ended_at__isnull=True))
+    held = holds.open_holds(policy.name)
     signal = pressure.check(policy)
     holds.record_pressure(policy.name, signal, held)
     if any(hold.reason == Hold.PAUSED for hold in held) or signal.level is Level.HOLD:

@@ -1,14 +1,5 @@
 from cleanup.engine import holds, operations
 from cleanup.management.base import CleanupCommand
-from cleanup.models import Hold
-
-
-def hold_fields(hold: Hold) -> dict:
-    """A hold as the pause and resume commands print it under --json."""
-    return {"policy": hold.policy, "reason": hold.reason, "detail": hold.detail,
-            "actor": hold.actor, "began_at": hold.began_at.isoformat(),
-            "ended_at": hold.ended_at.isoformat() if hold.ended_at else None,
-            "ended_by": hold.ended_by, "described": holds.describe(hold)}
 
 
 class Command(CleanupCommand):
@@ -25,7 +16,7 @@ class Command(CleanupCommand):
 
     def run(self, *, policy, reason, **options) -> dict:
         change = operations.pause_policy(policy, reason, actor="command")
-        return {**hold_fields(change.hold), "paused": change.changed}
+        return {**holds.fields(change.hold), "paused": change.changed}
 
     def describe(self, result: dict, verbosity: int) -> str:
         if result["paused"]:

@@ -1,6 +1,5 @@
-from cleanup.engine import operations
+from cleanup.engine import holds, operations
 from cleanup.management.base import CleanupCommand, count
-from cleanup.management.commands.cleanup_pause import hold_fields
 
 
 class Command(CleanupCommand):
@@ -13,7 +12,7 @@ class Command(CleanupCommand):
 
     def run(self, *, policy, **options) -> dict:
         change = operations.resume_policy(policy, actor="command")
-        return {**hold_fields(change.hold), "resumed": change.changed,
+        return {**holds.fields(change.hold), "resumed": change.changed,
                 "chunks_planned": change.planned}
 
     def describe(self, result: dict, verbosity: int) -> str:
