@@ -79,7 +79,8 @@ _REPLICA_LAG = """
 # waitstart (PostgreSQL 14+) is when the session began waiting for the lock it lacks.
 # The long waits are found first, so pg_blocking_pids (which takes the lock manager's
 # locks for a moment) is called only for them; a chunk waiting on a chunk is cleanup's
-# own contention, not a session cleanup keeps waiting.
+# own contention, not a session cleanup keeps waiting. pg_locks and pg_stat_activity
+# cover the whole server: only this database's sessions count.
 _LOCK_WAITS = """
     WITH waiting AS MATERIALIZED (
         SELECT pid, extract(epoch FROM clock_timestamp() - waitstart) * 1000 AS waited_ms
@@ -89,7 +90,8 @@ _LOCK_WAITS = """
     )
     SELECT count(*), max(waiting.waited_ms)
     FROM waiting JOIN pg_stat_activity waiter ON waiter.pid = waiting.pid
-    WHERE waiter.application_name IS DISTINCT FROM %s
+    WHERE waiter.datname = current_database()
+      AND waiter.application_name IS DISTINCT FROM %s
       AND EXISTS (SELECT FROM pg_stat_activity holder
                   WHERE holder.pid = ANY (pg_blocking_pids(waiting.pid))
                     AND holder.application_name = %s)
