@@ -56,6 +56,15 @@ def test_small_preset_is_correct_and_keeps_the_range_ratio(tmp_path):
     assert third["first_chunk_size"] > 4 * 500
     assert first["window"] == report["machine"]["window"]
     assert 0 < first["command_to_first_chunk_s"] < 5
+    # Seeded as the product makes holds, so the DELETE removes their reminders too.
+    assert report["reminders"] is True
+    for name in CONTENDERS[1:6]:
+        row = results[name]
+        assert 0 < row["time_efficiency"] <= 1, name
+        spent = row["per_chunk_ms"]
+        assert set(spent) == {"waiting", "starting", "statement", "finishing"}, name
+        # The statement part is the ledger's own durations, summed.
+        assert spent["statement"]["sum_s"] == pytest.approx(row["in_transactions_s"], abs=0.01)
     floor = json.loads(BASELINE.read_text())["small"]["range_to_single_delete"] / 2
     assert report["ratios"]["range_to_single_delete"] >= floor
     assert (tmp_path / "bench-small.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -105,3 +114,19 @@ def test_without_a_terminal_to_ask_on_nothing_changes(section, monkeypatch, tool
 def test_timeout_must_be_positive():
     with pytest.raises(CommandError, match="--timeout must be positive"):
         call_command("cleanup_bench", "--noinput", "--timeout", "0")
+
+
+def test_time_efficiency_counts_overlapping_statements_once():
+    """Two workers' statements that overlap cover the wall time once, and a gap not at all."""
+    from datetime import UTC, datetime, timedelta
+
+    from config.devtools.bench.efficiency import _covered
+
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def span(begin_ms, end_ms):
+        return at + timedelta(milliseconds=begin_ms), at + timedelta(milliseconds=end_ms)
+
+    # 0-100 and 50-150 overlap (150 ms), 200-250 stands alone, 210-220 lies inside it.
+    assert _covered([span(0, 100), span(50, 150), span(200, 250), span(210, 220)]) == 0.2
+    assert _covered([]) == 0

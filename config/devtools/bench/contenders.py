@@ -24,6 +24,7 @@ from cleanup.expressions import array_literal
 from cleanup.models import Chunk, Run
 from cleanup.policies import ITEMS, RANGE, Policy
 from config.devtools import MANAGE
+from config.devtools.bench import efficiency
 from config.devtools.bench.probes import percentile
 from reservations.models import SeatHold
 
@@ -52,6 +53,10 @@ class Result:
     command_to_first_chunk_s: float | None = None
     in_transactions_s: float | None = None
     delete_statements: int | None = None
+    # The share of the wall time a chunk statement was executing, and where each
+    # chunk's time went (config.devtools.bench.efficiency).
+    time_efficiency: float | None = None
+    per_chunk_ms: dict | None = None
     renewals: dict = field(default_factory=dict)
     checks: dict = field(default_factory=dict)
 
@@ -92,6 +97,7 @@ def pipeline(scheme: str, label: str):
                                   first_start=Min("last_delivery_at"))
         rows = sum(chunks.values_list("rows_deleted", flat=True))
         seconds = (ledger["last_ack"] - run.created_at).total_seconds()
+        spent = efficiency.time_spent(chunks, run.created_at, ledger["last_ack"])
         return Result(
             f"pipeline_{scheme}", label, rows, seconds,
             chunks=len(durations), chunk_size=run.next_chunk_size,
@@ -104,6 +110,7 @@ def pipeline(scheme: str, label: str):
             first_chunk_after_s=round(
                 (ledger["first_start"] - run.created_at).total_seconds(), 3),
             in_transactions_s=round(sum(durations) / 1000, 3),
+            time_efficiency=spent["time_efficiency"], per_chunk_ms=spent["per_chunk_ms"],
             checks={"every chunk acknowledged":
                     not chunks.exclude(state=Chunk.State.ACKNOWLEDGED).exists()},
         )

@@ -10,20 +10,21 @@ from django.utils import timezone
 
 from config.devtools.wipe import wipe_reservations
 from reservations import seeding
-from reservations.models import SeatHold
+from reservations.models import Reminder, SeatHold
 
-# The seat-hold columns, written out: the copy moves expires_at, and nothing else.
-COLUMNS = "id, tenant_id, section_id, learner_ref, status, expires_at, created_at, updated_at"
-HOLDS = SeatHold._meta.db_table
-CREATE_TEMPLATE = (
-    f'CREATE UNLOGGED TABLE bench_seathold_template AS SELECT {COLUMNS} FROM "{HOLDS}"'
-)
-REFILL = (
-    f'INSERT INTO "{HOLDS}" ({COLUMNS}) SELECT '
-    + COLUMNS.replace("expires_at", "expires_at + %(shift)s")
-    + " FROM bench_seathold_template"
-)
-DROP_TEMPLATE = "DROP TABLE IF EXISTS bench_seathold_template"
+# The tables a run deletes from, each copied to a template once and refilled from it
+# before every contender, its times moved by how long ago it was seeded (and nothing
+# else): a hold's reminder goes with the hold, through the product's trigger.
+TABLES = {SeatHold: ("expires_at",), Reminder: ("due_at",)}
+
+
+def _template(model) -> str:
+    return f"bench_{model._meta.db_table}_template"
+
+
+def _columns(model, shifted=()) -> str:
+    names = [field.column for field in model._meta.concrete_fields]
+    return ", ".join(f"{name} + %(shift)s" if name in shifted else name for name in names)
 
 
 @dataclass(frozen=True)
@@ -49,21 +50,24 @@ PRESETS = {
 
 
 def wipe() -> None:
-    """Empty the reservation tables and drop a template left by an interrupted run."""
+    """Empty the reservation tables and drop templates left by an interrupted run."""
     wipe_reservations()
-    with connection.cursor() as cursor:
-        cursor.execute(DROP_TEMPLATE)
+    drop_template()
 
 
-def seed_template(preset: Preset, progress: Callable[[str, int, int], None]):
-    """Seed the preset's holds and keep a copy of them; return when they were seeded."""
+def seed_template(preset: Preset, progress: Callable[[str, int, int], None], *,
+                  reminders: bool = True):
+    """Seed the preset's holds (each held one with its reminder, as the product makes
+    them, unless ``reminders`` is False) and keep a copy; return when they were seeded."""
     wipe()
     rest = preset.total - preset.expired
     seeding.seed(tenants=preset.tenants, expired=preset.expired, active=rest * 3 // 4,
                  confirmed=rest - rest * 3 // 4, attempts=0, random_seed=1,
-                 progress=progress, hold_reminders=False)
+                 progress=progress, hold_reminders=reminders)
     with connection.cursor() as cursor:
-        cursor.execute(CREATE_TEMPLATE)
+        for model in TABLES:
+            cursor.execute(f'CREATE UNLOGGED TABLE "{_template(model)}" AS '
+                           f'SELECT {_columns(model)} FROM "{model._meta.db_table}"')
     return timezone.now()
 
 
@@ -73,10 +77,16 @@ def restore(seeded_at) -> bool:
     Returns whether a checkpoint could be forced (it takes a superuser), so the WAL
     of the refill is not flushed during the next contender.
     """
+    shift = timezone.now() - seeded_at
     with connection.cursor() as cursor:
-        cursor.execute(f'TRUNCATE "{SeatHold._meta.db_table}" CASCADE')
-        cursor.execute(REFILL, {"shift": timezone.now() - seeded_at})
-        cursor.execute(f'VACUUM ANALYZE "{SeatHold._meta.db_table}"')
+        cursor.execute("TRUNCATE " + ", ".join(
+            f'"{model._meta.db_table}"' for model in TABLES) + " CASCADE")
+        for model, shifted in TABLES.items():
+            table = model._meta.db_table
+            cursor.execute(f'INSERT INTO "{table}" ({_columns(model)}) '
+                           f'SELECT {_columns(model, shifted)} FROM "{_template(model)}"',
+                           {"shift": shift})
+            cursor.execute(f'VACUUM ANALYZE "{table}"')
         try:
             cursor.execute("CHECKPOINT")
         except DatabaseError:
@@ -86,4 +96,5 @@ def restore(seeded_at) -> bool:
 
 def drop_template() -> None:
     with connection.cursor() as cursor:
-        cursor.execute(DROP_TEMPLATE)
+        for model in TABLES:
+            cursor.execute(f'DROP TABLE IF EXISTS "{_template(model)}"')

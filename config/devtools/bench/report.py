@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from config.devtools.bench.efficiency import PARTS
+
 BASELINE = Path(__file__).with_name("baseline.json")
 SHORT_LABELS = {"single_delete": "One\nDELETE", "pipeline_range_first": "Range\nfirst run",
                 "pipeline_range_second": "Range\nsecond run", "pipeline_range": "Range\nthird run",
@@ -19,7 +21,8 @@ COLOURS = {"single_delete": "#555555", "handwritten_unnest": "#999999",
 def table(report: dict) -> str:
     preset, idle = report["preset"], report["idle_renewals"]
     lines = [
-        f"{preset['expired']:,} expired among {preset['total']:,} holds; "
+        f"{preset['expired']:,} expired among {preset['total']:,} holds"
+        f"{' with their reminders' if report.get('reminders', True) else ' (no reminders)'}; "
         f"{report['machine']['cpus']} CPUs, PostgreSQL {report['machine']['postgresql']}, "
         f"{report['machine']['broker']} broker, chunk budget "
         f"{report['machine']['chunk_budget_ms']} ms",
@@ -40,7 +43,18 @@ def table(report: dict) -> str:
             f"{_pair(row['renewals']['untouched']):>15}"
             f"{_pair(row['renewals']['cleaned']):>20}"
         )
+    lines += ["", "Where a pipeline run's time went, per chunk, ms p50/p95 (efficiency: share "
+              "of wall time with a chunk statement executing):",
+              f"{'':<34}{'efficiency':>11}" + "".join(f"{part:>16}" for part in PARTS)]
+    for row in report["results"]:
+        if row.get("time_efficiency") is None:
+            continue
+        spent = row["per_chunk_ms"]
+        lines.append(f"{row['label']:<34}{row['time_efficiency']:>11.1%}" + "".join(
+            f"{spent[part]['p50']:>9.1f}/{spent[part]['p95']:<6.1f}" if part in spent
+            else f"{'-':>16}" for part in PARTS))
     lines += [
+        "",
         f"{'idle (nothing cleaning)':<125}{_pair(idle['untouched']):>15}"
         f"{_pair(idle['cleaned']):>20}",
         "",

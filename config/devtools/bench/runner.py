@@ -21,20 +21,27 @@ from config.devtools.bench import data
 from config.devtools.bench.contenders import Result, cluster_ready, contenders
 from config.devtools.bench.probes import CLEANED, UNTOUCHED, RenewalProbe, sample_ids, summary
 from config.devtools.processes import Cluster
-from reservations.models import SeatHold
+from reservations.models import Reminder, SeatHold
 from reservations.policies import EXPIRE_HOLDS
 
 # Holds each renewal probe draws from.
 PROBE_SAMPLE = 5_000
 
 
-def run_bench(preset: data.Preset, *, timeout: float, say: Callable[[str], None]) -> dict:
-    """Seed the preset, run every contender on a fresh copy of it, and return the report."""
+def run_bench(preset: data.Preset, *, timeout: float, say: Callable[[str], None],
+              reminders: bool = True) -> dict:
+    """Seed the preset, run every contender on a fresh copy of it, and return the report.
+
+    Each held hold has its reminder, as in the product, unless ``reminders`` is False
+    (the engine alone).
+    """
     policy = get_policy(EXPIRE_HOLDS)
     _forget(policy)
-    say(f"Seeding {preset.expired:,} expired among {preset.total:,} holds...")
+    say(f"Seeding {preset.expired:,} expired among {preset.total:,} holds"
+        f"{', with their reminders' if reminders else ', without reminders'}...")
     seeded_at = data.seed_template(
-        preset, progress=lambda what, done, total: say(f"  {what}: {done:,}/{total:,}")
+        preset, progress=lambda what, done, total: say(f"  {what}: {done:,}/{total:,}"),
+        reminders=reminders,
     )
     cluster = Cluster("bench", os.environ.copy())
     results: list[Result] = []
@@ -52,12 +59,14 @@ def run_bench(preset: data.Preset, *, timeout: float, say: Callable[[str], None]
             result.name = name
             result.checks["checkpoint before the run"] = checkpointed or None
             results.append(result)
+            efficiency = (f", time efficiency {result.time_efficiency:.0%}"
+                          if result.time_efficiency is not None else "")
             say(f"{name}: {result.rows:,} rows in {result.seconds:.2f} s "
-                f"({result.rows_per_second:,.0f} rows/s)")
+                f"({result.rows_per_second:,.0f} rows/s{efficiency})")
     finally:
         cluster.stop()
         data.drop_template()
-    return _report(preset, policy, idle, results)
+    return _report(preset, policy, idle, results) | {"reminders": reminders}
 
 
 def _measure(contender, policy, timeout: float) -> Result:
@@ -84,6 +93,8 @@ def _measure(contender, policy, timeout: float) -> Result:
     result.checks["rows gone match rows reported"] = (
         before - SeatHold.objects.count() == result.rows
     )
+    result.checks["no reminder outlived its hold"] = not Reminder.objects.exclude(
+        hold_id__in=SeatHold.objects.values("pk")).exists()
     if not result.extrapolated:
         result.checks["no hold expired at the start is left"] = not policy.eligible_rows(
             policy.freeze(started_at)).exists()

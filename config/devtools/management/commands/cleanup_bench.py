@@ -33,6 +33,10 @@ class Command(BaseCommand):
         parser.add_argument("--record-baseline", action="store_true",
                             help="Record this run's first range run ratio as the preset's "
                             "baseline.")
+        parser.add_argument("--without-reminders", action="store_true",
+                            help="Seed holds without their renewal reminders, to measure the "
+                                 "engine alone (the product deletes a hold's reminder with "
+                                 "it).")
         add_wipe_arguments(parser,
                            json_help="Print the report as one JSON line instead of the table.")
 
@@ -46,7 +50,8 @@ class Command(BaseCommand):
         guard_wipe("The benchmark", interactive)
         say = (lambda line: None) if options["json"] else self.stdout.write
         exit_on_sigterm("cleanup_bench")
-        report = run_bench(PRESETS[preset], timeout=timeout, say=say)
+        report = run_bench(PRESETS[preset], timeout=timeout, say=say,
+                           reminders=not options["without_reminders"])
         output = Path(output_dir)
         reporting.write_json(report, output / f"bench-{preset}.json")
         reporting.draw(report, output / f"bench-{preset}.png")

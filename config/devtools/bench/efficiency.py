@@ -1,0 +1,67 @@
+"""Where a pipeline run's wall time went, read from its chunks' ledger rows.
+
+Time efficiency is the share of the run's wall time (its creation to its last
+acknowledgement) during which at least one chunk transaction was executing its
+statement on the database: the union of the chunks' ``[committed_at - duration_ms,
+committed_at]`` intervals over the wall time. Each chunk's own time splits into four
+parts, all from the ledger's timestamps:
+
+- waiting: from its message being written to a worker starting its delivery (the
+  planning chunk's commit, the broker's poll, a busy worker);
+- starting: from the delivery's start to its statement's (counting the delivery,
+  reading the run);
+- statement: the chunk's transaction up to its outcome (``duration_ms``);
+- finishing: from the outcome to the acknowledgement (the top-up planning the next
+  chunks, settling the run, the commit, django-q2 saving the result and the ack).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from cleanup.models import Chunk
+from config.devtools.bench.probes import percentile
+
+PARTS = ("waiting", "starting", "statement", "finishing")
+
+
+def time_spent(chunks, started, ended) -> dict:
+    """The run's time efficiency and each part's median and p95 per chunk, in ms."""
+    rows = list(chunks.filter(state=Chunk.State.ACKNOWLEDGED).values_list(
+        "enqueued_at", "last_delivery_at", "committed_at", "acknowledged_at", "duration_ms"))
+    wall = (ended - started).total_seconds()
+    intervals = sorted((committed - timedelta(milliseconds=duration), committed)
+                       for _, _, committed, _, duration in rows)
+    parts: dict[str, list[float]] = {part: [] for part in PARTS}
+    for enqueued, delivered, committed, acknowledged, duration in rows:
+        statement_start = committed - timedelta(milliseconds=duration)
+        parts["waiting"].append(_ms(delivered - enqueued))
+        parts["starting"].append(max(0.0, _ms(statement_start - delivered)))
+        parts["statement"].append(float(duration))
+        parts["finishing"].append(_ms(acknowledged - committed))
+    return {
+        "time_efficiency": round(_covered(intervals) / wall, 4) if wall else None,
+        "per_chunk_ms": {
+            part: {"p50": round(percentile(sorted(values), 50), 1),
+                   "p95": round(percentile(sorted(values), 95), 1),
+                   "sum_s": round(sum(values) / 1000, 2)}
+            for part, values in parts.items() if values
+        },
+    }
+
+
+def _covered(intervals) -> float:
+    """Seconds covered by at least one of the sorted intervals."""
+    total, end = 0.0, None
+    for begin, finish in intervals:
+        if end is None or begin > end:
+            total += (finish - begin).total_seconds()
+            end = finish
+        elif finish > end:
+            total += (finish - end).total_seconds()
+            end = finish
+    return total
+
+
+def _ms(delta) -> float:
+    return delta.total_seconds() * 1000
