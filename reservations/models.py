@@ -91,7 +91,8 @@ class Reminder(models.Model):
 
     ``hold`` has no cascade in Django (DO_NOTHING, no constraint), which keeps the hold
     table's single-statement DELETE; a statement-level trigger in the database
-    (migration 0004) deletes the reminders of the holds each DELETE removed.
+    (migrations 0004/0007) deletes, once per DELETE, the reminders whose hold_id is among
+    the ids of the holds that statement removed.
     """
 
     class State(models.TextChoices):

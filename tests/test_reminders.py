@@ -38,6 +38,7 @@ from reservations.services import confirm_hold, hold_seat, release_hold, renew_h
 from tests.conftest import wait_for
 from tests.factories import SectionFactory
 from tests.test_concurrency import Worker, hold_lock_while, waiting_statements
+from tests.test_migrations import latest, migrate
 
 pytestmark = pytest.mark.django_db
 
@@ -154,7 +155,8 @@ def test_release_deletes_the_reminder_with_the_hold_in_the_database(section):
     with CaptureQueriesContext(connection) as queries:
         assert release_hold(released.pk) is True
 
-    # Django issued no statement on reminders: the foreign key's ON DELETE CASCADE did it.
+    # Django issued no statement on reminders: the hold table's statement-level trigger
+    # deleted it.
     assert statements_on(Reminder._meta.db_table, queries) == []
     assert list(Reminder.objects.values_list("hold_id", flat=True)) == [kept.pk]
 
@@ -188,6 +190,38 @@ def test_holds_can_still_be_fast_deleted_with_reminders_pointing_at_them():
     assert [e for e in check_policies() if e.id == "cleanup.E004"] == []
     doomed = SeatHold.objects.filter(expired_holds(timezone.now()))
     assert Collector(using="default", origin=doomed).can_fast_delete(doomed)
+
+
+# The trigger behind it (migrations 0004 and 0007)
+
+BY_ID = "DELETE FROM reservations_reminder WHERE hold_id = ANY (ARRAY(SELECT id FROM gone));"
+BY_JOIN = ("DELETE FROM reservations_reminder AS reminder USING gone"
+           " WHERE reminder.hold_id = gone.id;")
+BEFORE_CHEAPER = [("reservations", "0006_one_attempt_per_message")]
+
+
+def trigger_body() -> str:
+    """The installed trigger function's body, its whitespace folded to single spaces."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT prosrc FROM pg_proc"
+                       " WHERE proname = 'reservations_delete_reminders_of_gone_holds'")
+        (body,) = cursor.fetchone()
+    return " ".join(body.split())
+
+
+def test_the_trigger_finds_the_gone_holds_reminders_by_hold_id_in_an_array():
+    assert BY_ID in trigger_body()
+    assert "USING gone" not in trigger_body()
+
+
+@pytest.mark.django_db(transaction=True)  # the executor commits each step, as migrate does
+def test_migration_0007_reverses_to_the_join_and_back():
+    try:
+        migrate(BEFORE_CHEAPER)
+        assert BY_JOIN in trigger_body()
+    finally:
+        migrate(latest())  # the tests after this one expect the newest schema
+    assert BY_ID in trigger_body()
 
 
 # The update path: mark-reminders-ready
