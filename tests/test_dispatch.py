@@ -107,7 +107,7 @@ def test_run_chunks_and_queue_messages_commit_together(expired_leases, chunk_siz
 
 
 def test_failure_while_planning_leaves_no_run_chunk_or_message(expired_leases, monkeypatch):
-    def broken_send(chunks):
+    def broken_send(chunks, **options):
         raise RuntimeError("injected: broker down")
 
     monkeypatch.setattr(transport, "send", broken_send)

@@ -22,12 +22,13 @@ log = structlog.get_logger("cleanup.ledger")
 
 
 def commit(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
-           updated: int = 0) -> bool:
-    """``transitions.commit``, then the window topped up and the run settled."""
+           updated: int = 0, policy: str | None = None) -> bool:
+    """``transitions.commit``, then the window topped up and the run settled
+    (``policy``: the run's, where the caller knows it)."""
     committed = transitions.commit(chunk, deleted=deleted, retries=retries, elapsed=elapsed,
                                    updated=updated)
     if committed:
-        advance_and_settle(chunk.run_id)
+        advance_and_settle(chunk.run_id, policy=policy)
     return committed
 
 
@@ -67,10 +68,14 @@ def cancel_runs(run_ids: Iterable) -> list[tuple[Run, int]]:
     return cancelled
 
 
-def advance_and_settle(run_id) -> Run:
+def advance_and_settle(run_id, *, policy: str | None = None) -> Run:
     """Top the run's policy's window up (in a savepoint: the chunk's end commits even if
-    planning fails), then bring the run's state in line with its chunks."""
-    policy = Run.objects.filter(pk=run_id).values_list("policy", flat=True).first()
+    planning fails), then bring the run's state in line with its chunks.
+
+    ``policy`` is the run's policy where the caller has it (a chunk's worker does),
+    which saves reading it on every chunk's end."""
+    if policy is None:
+        policy = Run.objects.filter(pk=run_id).values_list("policy", flat=True).first()
     if policy is not None:
         window.top_up_safely(policy)
     return transitions.settle_run(run_id)

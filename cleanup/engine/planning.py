@@ -15,7 +15,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, DateTimeField, Max, Min, Q, Value
+from django.db.models import (
+    BigIntegerField,
+    Count,
+    DateTimeField,
+    Max,
+    Min,
+    Q,
+    Subquery,
+    Value,
+)
 from django.db.models.functions import Cast
 
 from cleanup.engine.frontier import (
@@ -90,8 +99,9 @@ def _next_range(policy, frozen, frontier, size, span_end, max_span):
     """The next half-open [start, end) of at most ``size`` eligible rows.
 
     One index probe finds the first eligible id at the frontier (skipping any stretch
-    where none is), then one index range read counts ``size`` eligible ids from it: the
-    range ends after the last, so its span follows the density. With ``max_span`` it
+    where none is), then one index range read counts ``size`` eligible ids from it (one
+    statement for both where the table has no partition column): the range ends after
+    the last, so its span follows the density. With ``max_span`` it
     ends no further than that from its start, which bounds the ids its DELETE walks
     where eligible rows thin out.
     """
@@ -99,20 +109,11 @@ def _next_range(policy, frozen, frontier, size, span_end, max_span):
     eligible = policy.eligible_rows(frozen)
     if span_end is not None:
         eligible = eligible.filter(pk__lt=span_end)
-    while True:
-        first = _first_eligible(eligible, column, frontier)
-        if first is None:
-            return None, None
-        partition, start = first
-        stretch = eligible.filter(**({column: partition} if column else {}), pk__gte=start)
-        if max_span is not None:
-            stretch = stretch.filter(pk__lt=start + max_span)
-        found = stretch.order_by("pk")[:size].aggregate(rows=Count("pk"), last=Max("pk"))
-        if found["rows"]:
-            break
-        # The row the probe found stopped being eligible just now: look again past it.
-        frontier = (NextId(start + 1) if column is None
-                    else PartitionNextId(json_safe(partition), start + 1))
+    found = (_count_from_frontier(eligible, frontier, size, max_span) if column is None
+             else _count_in_partition(eligible, column, frontier, size, max_span))
+    if found is None:
+        return None, None
+    partition, start = found["partition"], found["first"]
     full = found["rows"] == size
     end = found["last"] + 1 if full or max_span is None else start + max_span
     if span_end is not None:
@@ -124,11 +125,39 @@ def _next_range(policy, frozen, frontier, size, span_end, max_span):
     return planned, following
 
 
+def _count_from_frontier(eligible, frontier, size, max_span) -> dict | None:
+    """The first eligible id at the frontier, and the count and last of the ``size``
+    eligible ids from it, in one statement: its first id and its span bound come from
+    one index probe the statement runs first."""
+    stretch = eligible.filter(pk__gte=frontier.next_id)
+    if max_span is not None:
+        first = Subquery(stretch.order_by("pk").values("pk")[:1],
+                         output_field=BigIntegerField())
+        stretch = stretch.filter(pk__lt=first + max_span)
+    found = stretch.order_by("pk")[:size].aggregate(rows=Count("pk"), first=Min("pk"),
+                                                    last=Max("pk"))
+    return found | {"partition": None} if found["rows"] else None
+
+
+def _count_in_partition(eligible, column, frontier, size, max_span) -> dict | None:
+    """As ``_count_from_frontier``, in the partition of the first eligible row at the
+    frontier: one probe finds it, then one index range read counts from it."""
+    while True:
+        first = _first_eligible(eligible, column, frontier)
+        if first is None:
+            return None
+        partition, start = first
+        stretch = eligible.filter(**{column: partition}, pk__gte=start)
+        if max_span is not None:
+            stretch = stretch.filter(pk__lt=start + max_span)
+        found = stretch.order_by("pk")[:size].aggregate(rows=Count("pk"), last=Max("pk"))
+        if found["rows"]:
+            return found | {"partition": partition, "first": start}
+        # The row the probe found stopped being eligible just now: look again past it.
+        frontier = PartitionNextId(json_safe(partition), start + 1)
+
+
 def _first_eligible(eligible, column, frontier) -> tuple[Any, int] | None:
-    if column is None:
-        pk = (eligible.filter(pk__gte=frontier.next_id).order_by("pk")
-              .values_list("pk", flat=True).first())
-        return None if pk is None else (None, pk)
     partition = frontier.partition
     if partition is not None:
         # (partition, pk) >= (p, next id), with a bound the index can seek to.

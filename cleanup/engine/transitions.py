@@ -286,11 +286,13 @@ def plan_chunk(run: Run, chunk_id: int, message: dict, rows: int, *, send_now: b
 
 def record_planning(run: Run) -> None:
     """Store how far the run's planning has got: its frontier, whether it planned all,
-    its candidates and chunks so far, its next chunk's size; any planning error is
-    cleared."""
+    its candidates and chunks so far, its next chunk's size, the messages it sent; any
+    planning error is cleared. The caller holds the run's row lock, so a count another
+    sender adds (count_sent) waits for this write and adds to it."""
     run.planning_error = ""
     run.save(update_fields=["frontier", "planned_all", "candidates", "chunks_planned",
-                            "next_chunk_size", "max_span", "planning_error"])
+                            "next_chunk_size", "max_span", "planning_error",
+                            "messages_sent"])
 
 
 def record_planning_error(run_id, error: str) -> None:

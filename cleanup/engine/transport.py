@@ -20,12 +20,13 @@ from cleanup.models import Chunk
 CHUNK_TASK = "cleanup.tasks.apply_chunk"
 
 
-def send(chunks: Iterable[Chunk]) -> int:
+def send(chunks: Iterable[Chunk], *, count: bool = True) -> int:
     """Enqueue the chunks' messages; inside a transaction they commit together with it.
 
     With the ORM broker the messages go in one INSERT: django-q2 still builds and signs
     each task, and only its row is held back (a round trip per message was most of
-    the cost of writing a run).
+    the cost of writing a run). ``count`` False: the caller counts them on the run it
+    holds locked (the window's planning does, in the run's one write).
     """
     broker = get_broker()
     batch = _HeldInserts(broker.list_key) if isinstance(broker, ORM) else broker
@@ -35,7 +36,8 @@ def send(chunks: Iterable[Chunk]) -> int:
         per_run[chunk.run_id] += 1
     if batch is not broker:
         batch.insert()
-    transitions.count_sent(per_run)
+    if count:
+        transitions.count_sent(per_run)
     return per_run.total()
 
 

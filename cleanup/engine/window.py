@@ -238,7 +238,8 @@ def _plan_next(run: Run, policy: Policy) -> bool:
         chunk.rows, send_now=send_now, now=now,
     )
     if send_now:
-        transport.send([row])
+        transport.send([row], count=False)
+        run.messages_sent += 1  # saved with the run's planning (record_planning)
     elif not run.in_process:
         run_id = run.pk
         transaction.on_commit(lambda: transport.send_planned(run_id))

@@ -90,14 +90,15 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) ->
     with transaction.atomic():
         _set_lock_timeout()
         # Not the message: the delivery's start already compared it with the ledger.
+        # The run's state comes with it (the run is not locked: a cancel that commits
+        # later finds this chunk committed).
         current = (
-            Chunk.objects.select_for_update()
-            .only("state", "planned_rows", "run_id")
+            Chunk.objects.select_for_update(of=("self",)).select_related("run")
+            .only("state", "planned_rows", "run_id", "run__state")
             .get(pk=chunk.pk)
         )
         state = current.state
-        if state in Chunk.UNFINISHED and Run.objects.filter(
-                pk=current.run_id, state=Run.State.CANCELLED).exists():
+        if state in Chunk.UNFINISHED and current.run.state == Run.State.CANCELLED:
             # Cancelled while a delivery held this chunk: nothing more is deleted.
             transitions.cancel_late(current)
             state = Chunk.State.CANCELLED
@@ -119,7 +120,7 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) ->
                 deleted, _ = statement.delete()
                 outcome = Outcome.DELETED if deleted else Outcome.NOOP
             outcomes.commit(current, deleted=deleted, updated=updated, retries=retries,
-                            elapsed=time.monotonic() - started)
+                            elapsed=time.monotonic() - started, policy=policy.name)
             faults.reach(faults.BEFORE_COMMIT)
     log.info(
         "chunk outcome",
