@@ -65,8 +65,10 @@ def test_small_preset_is_correct_and_keeps_the_range_ratio(tmp_path):
         assert set(spent) == {"waiting", "starting", "statement", "finishing"}, name
         # The statement part is the ledger's own durations, summed.
         assert spent["statement"]["sum_s"] == pytest.approx(row["in_transactions_s"], abs=0.01)
-    floor = json.loads(BASELINE.read_text())["small"]["range_to_single_delete"] / 2
-    assert report["ratios"]["range_to_single_delete"] >= floor
+    recorded = json.loads(BASELINE.read_text())["small"]["ratios"]
+    assert set(recorded) == set(report["ratios"])  # every ratio is guarded
+    for name, value in recorded.items():
+        assert report["ratios"][name] >= value / 2, name
     assert (tmp_path / "bench-small.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((tmp_path / "bench-small.json").read_text())["ratios"] == report[
         "ratios"]
@@ -130,3 +132,51 @@ def test_time_efficiency_counts_overlapping_statements_once():
     # 0-100 and 50-150 overlap (150 ms), 200-250 stands alone, 210-220 lies inside it.
     assert _covered([span(0, 100), span(50, 150), span(200, 250), span(210, 220)]) == 0.2
     assert _covered([]) == 0
+
+
+RATIOS = {"range_to_single_delete": 0.4, "range_third_run_to_single_delete": 0.5,
+          "items_to_handwritten_unnest": 0.6, "items_second_run_to_handwritten_unnest": 0.7}
+
+
+def bench_report(reminders=True, **ratios) -> dict:
+    return {"preset": {"name": "small"}, "reminders": reminders,
+            "ratios": RATIOS | ratios, "finished_at": "2026-12-02T10:00:00+00:00",
+            "machine": {"cpus": 2}}
+
+
+@pytest.fixture
+def baseline_file(tmp_path, monkeypatch):
+    from config.devtools.bench import report as reporting
+
+    path = tmp_path / "baseline.json"
+    monkeypatch.setattr(reporting, "BASELINE", path)
+    return path
+
+
+def test_the_guard_holds_every_ratio_to_half_of_its_recorded_value(baseline_file):
+    from config.devtools.bench.report import check_baseline, record_baseline
+
+    record_baseline(bench_report())
+    assert check_baseline(bench_report(items_to_handwritten_unnest=0.3))[0] is True
+    ok, verdict = check_baseline(bench_report(items_to_handwritten_unnest=0.29))
+    assert ok is False
+    assert "items_to_handwritten_unnest: 0.290, floor 0.300 (half of 0.600): REGRESSION" in (
+        verdict)
+    assert "range_to_single_delete: 0.400, floor 0.200 (half of 0.400): ok" in verdict
+    # A ratio the run did not produce fails too, rather than passing unseen.
+    missing = bench_report()
+    del missing["ratios"]["range_third_run_to_single_delete"]
+    assert check_baseline(missing)[0] is False
+
+
+def test_a_run_without_reminders_is_guarded_against_its_own_baseline(baseline_file):
+    from config.devtools.bench.report import check_baseline, record_baseline
+
+    record_baseline(bench_report())
+    ok, verdict = check_baseline(bench_report(reminders=False))
+    assert (ok, verdict) == (False, "no baseline recorded for 'small-without-reminders' in "
+                                    "baseline.json")
+    record_baseline(bench_report(reminders=False, range_to_single_delete=0.9))
+    assert set(json.loads(baseline_file.read_text())) == {"small", "small-without-reminders"}
+    assert check_baseline(bench_report(range_to_single_delete=0.25))[0] is True
+    assert check_baseline(bench_report(reminders=False, range_to_single_delete=0.25))[0] is False

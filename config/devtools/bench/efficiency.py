@@ -41,13 +41,14 @@ def time_spent(chunks, started, ended) -> dict:
         parts["finishing"].append(_ms(acknowledged - committed))
     return {
         "time_efficiency": round(_covered(intervals) / wall, 4) if wall else None,
-        "per_chunk_ms": {
-            part: {"p50": round(percentile(sorted(values), 50), 1),
-                   "p95": round(percentile(sorted(values), 95), 1),
-                   "sum_s": round(sum(values) / 1000, 2)}
-            for part, values in parts.items() if values
-        },
+        "per_chunk_ms": {part: _summary(sorted(values)) for part, values in parts.items()
+                         if values},
     }
+
+
+def _summary(values: list[float]) -> dict:
+    return {"p50": round(percentile(values, 50), 1), "p95": round(percentile(values, 95), 1),
+            "sum_s": round(sum(values) / 1000, 2)}
 
 
 def _covered(intervals) -> float:

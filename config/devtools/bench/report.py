@@ -1,4 +1,4 @@
-"""The benchmark's table, JSON and chart, and the regression guard on the range ratio."""
+"""The benchmark's table, JSON and chart, and the regression guard on its ratios."""
 
 from __future__ import annotations
 
@@ -127,31 +127,47 @@ def draw(report: dict, path: Path) -> None:
     pyplot.close(figure)
 
 
-def check_baseline(report: dict) -> tuple[bool, str]:
-    """Fail only when the first run's range ratio falls below half of the preset's
-    recorded one."""
+def baseline_key(report: dict) -> str:
+    """The preset's name, marked when the run left reminders out: each is guarded
+    against its own kind."""
     name = report["preset"]["name"]
-    baselines = json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
-    recorded = baselines.get(name)
+    return name if report.get("reminders", True) else f"{name}-without-reminders"
+
+
+def check_baseline(report: dict) -> tuple[bool, str]:
+    """Fail only when one of the run's ratios falls below half of the one recorded for
+    its preset; return the verdict and a line per ratio."""
+    key = baseline_key(report)
+    recorded = _baselines().get(key)
     if recorded is None:
-        return False, f"no baseline recorded for preset {name!r} in {BASELINE.name}"
-    floor = recorded["range_to_single_delete"] / 2
-    measured = report["ratios"]["range_to_single_delete"]
-    verdict = "ok" if measured >= floor else "REGRESSION"
-    return measured >= floor, (
-        f"Regression guard: range ratio {measured:.3f}, floor {floor:.3f} (half of "
-        f"{recorded['range_to_single_delete']:.3f} recorded {recorded['recorded']}): {verdict}"
-    )
+        return False, f"no baseline recorded for {key!r} in {BASELINE.name}"
+    verdicts, lines = [], []
+    for name, value in sorted(recorded["ratios"].items()):
+        floor = value / 2
+        measured = report["ratios"].get(name)
+        passed = measured is not None and measured >= floor
+        verdicts.append(passed)
+        shown = "missing" if measured is None else f"{measured:.3f}"
+        lines.append(f"  {name}: {shown}, floor {floor:.3f} (half of {value:.3f}): "
+                     f"{'ok' if passed else 'REGRESSION'}")
+    head = (f"Regression guard ({key}, recorded {recorded['recorded']}): "
+            f"{'ok' if all(verdicts) else 'REGRESSION'}")
+    return all(verdicts), "\n".join([head, *lines])
 
 
 def record_baseline(report: dict) -> None:
-    baselines = json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
-    baselines[report["preset"]["name"]] = {
-        "range_to_single_delete": report["ratios"]["range_to_single_delete"],
+    """Record every ratio of the run as its preset's baseline."""
+    baselines = _baselines()
+    baselines[baseline_key(report)] = {
+        "ratios": report["ratios"],
         "recorded": report["finished_at"][:10],
         "cpus": report["machine"]["cpus"],
     }
     BASELINE.write_text(json.dumps(baselines, indent=2, sort_keys=True) + "\n")
+
+
+def _baselines() -> dict:
+    return json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
 
 
 def _n(value, width: int = 10) -> str:
