@@ -180,3 +180,44 @@ def test_a_run_without_reminders_is_guarded_against_its_own_baseline(baseline_fi
     assert set(json.loads(baseline_file.read_text())) == {"small", "small-without-reminders"}
     assert check_baseline(bench_report(range_to_single_delete=0.25))[0] is True
     assert check_baseline(bench_report(reminders=False, range_to_single_delete=0.25))[0] is False
+
+
+def test_a_range_only_run_reports_only_the_ratios_it_measured():
+    from config.devtools.bench.contenders import RANGE_ONLY, Result, contenders
+    from config.devtools.bench.runner import _ratios
+
+    assert list(contenders(300, only="range")) == list(RANGE_ONLY)
+    ran = {name: Result(name, name, rows=1000, seconds=seconds)
+           for name, seconds in zip(RANGE_ONLY, [1.0, 2.0, 2.5, 4.0], strict=True)}
+    assert _ratios(ran) == {"range_to_single_delete": 0.5,
+                            "range_third_run_to_single_delete": 0.25}
+
+
+def test_the_cpu_load_keeps_a_cpu_busy_until_stopped():
+    import time
+    from pathlib import Path
+
+    from config.devtools.bench.runner import CpuLoad
+
+    def cpu_ticks(pid: int) -> int:  # user time, from the kernel's own count
+        return int(Path(f"/proc/{pid}/stat").read_text().split()[13])
+
+    load = CpuLoad(1)
+    load.start()
+    try:
+        (process,) = load.processes
+        ticks = cpu_ticks(process.pid)
+        time.sleep(0.5)
+        assert cpu_ticks(process.pid) > ticks
+    finally:
+        load.stop()
+    assert process.poll() is not None and load.processes == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("count", ["-1", "65"])
+def test_cpu_load_out_of_range_is_refused_and_changes_nothing(section, count):
+    SeatHoldFactory(section=section)
+    with pytest.raises(CommandError, match="--cpu-load must be between 0 and 64"):
+        call_command("cleanup_bench", "--noinput", "--cpu-load", count)
+    assert SeatHold.objects.count() == 1

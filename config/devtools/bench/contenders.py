@@ -237,7 +237,12 @@ def _wait(done, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def contenders(per_row_sample: int) -> dict:
+# The contenders of a range-only run (--only range): the one DELETE and the range runs.
+RANGE_ONLY = ("single_delete", "pipeline_range_first", "pipeline_range_second",
+              "pipeline_range")
+
+
+def contenders(per_row_sample: int, *, only: str | None = None) -> dict:
     """The contenders in the order they run.
 
     Each pipeline scheme first runs with its starting chunk size (nothing learned yet),
@@ -245,7 +250,7 @@ def contenders(per_row_sample: int) -> dict:
     does. Range runs three times: learning from 500-row chunks, whose fixed costs weigh
     most, undershoots once.
     """
-    return {
+    every = {
         "single_delete": single_delete,
         "pipeline_range_first": pipeline(RANGE, "Pipeline, range, first run"),
         "pipeline_range_second": pipeline(RANGE, "Pipeline, range, second run"),
@@ -255,3 +260,6 @@ def contenders(per_row_sample: int) -> dict:
         "handwritten_unnest": handwritten_unnest,
         "one_task_per_row": one_task_per_row(per_row_sample),
     }
+    if only == RANGE:
+        return {name: every[name] for name in RANGE_ONLY}
+    return every

@@ -22,7 +22,8 @@ def table(report: dict) -> str:
     preset, idle = report["preset"], report["idle_renewals"]
     lines = [
         f"{preset['expired']:,} expired among {preset['total']:,} holds"
-        f"{' with their reminders' if report.get('reminders', True) else ' (no reminders)'}; "
+        f"{' with their reminders' if report.get('reminders', True) else ' (no reminders)'}"
+        f"{_load(report)}; "
         f"{report['machine']['cpus']} CPUs, PostgreSQL {report['machine']['postgresql']}, "
         f"{report['machine']['broker']} broker, chunk budget "
         f"{report['machine']['chunk_budget_ms']} ms",
@@ -63,12 +64,8 @@ def table(report: dict) -> str:
         "Size: a pipeline run's first chunks -> the size it reached; 1st chunk s: from "
         "the dispatch command's start to its first chunk's start; window "
         f"{report['machine'].get('window', '-')} chunks in flight.",
-        "First run, range pipeline / single DELETE: "
-        f"{report['ratios']['range_to_single_delete']:.3f} (third run "
-        f"{report['ratios'].get('range_third_run_to_single_delete', 0):.3f}); first run, "
-        "items pipeline / hand-written unnest: "
-        f"{report['ratios']['items_to_handwritten_unnest']:.3f} (second run "
-        f"{report['ratios'].get('items_second_run_to_handwritten_unnest', 0):.3f})",
+        "Ratios: " + "; ".join(f"{name} {value:.3f}"
+                               for name, value in report["ratios"].items()),
     ]
     for row in report["results"]:
         failed = [name for name, ok in row["checks"].items() if ok is False]
@@ -128,10 +125,14 @@ def draw(report: dict, path: Path) -> None:
 
 
 def baseline_key(report: dict) -> str:
-    """The preset's name, marked when the run left reminders out: each is guarded
-    against its own kind."""
-    name = report["preset"]["name"]
-    return name if report.get("reminders", True) else f"{name}-without-reminders"
+    """The preset's name, marked when the run left reminders out or ran beside a CPU
+    load: each kind is guarded against its own."""
+    key = report["preset"]["name"]
+    if not report.get("reminders", True):
+        key += "-without-reminders"
+    if report.get("cpu_load"):
+        key += f"-cpu-load-{report['cpu_load']}"
+    return key
 
 
 def check_baseline(report: dict) -> tuple[bool, str]:
@@ -168,6 +169,11 @@ def record_baseline(report: dict) -> None:
 
 def _baselines() -> dict:
     return json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
+
+
+def _load(report: dict) -> str:
+    count = report.get("cpu_load")
+    return f", beside {count} CPU-bound process{'es' if count > 1 else ''}" if count else ""
 
 
 def _n(value, width: int = 10) -> str:

@@ -22,7 +22,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument("--preset", choices=sorted(PRESETS), default="small",
                             help="small: 100,000 expired among 200,000 holds (CI); "
-                                 "large: 1,000,000 among 2,000,000 (docs/performance.md).")
+                                 "large: 1,000,000 among 2,000,000 (docs/performance.md); "
+                                 "xlarge: 5,000,000 among 10,000,000.")
         parser.add_argument("--output-dir", default="artifacts/bench",
                             help="Where bench-<preset>.json and .png go "
                                  "(bench-<preset>-without-reminders.* for such a run).")
@@ -39,12 +40,20 @@ class Command(BaseCommand):
                             help="Seed holds without their renewal reminders, to measure the "
                                  "engine alone (the product deletes a hold's reminder with "
                                  "it).")
+        parser.add_argument("--only", choices=["range"],
+                            help="range: only the one DELETE and the three range runs (for "
+                                 "the larger presets, where the items runs take long).")
+        parser.add_argument("--cpu-load", type=int, default=0, metavar="N",
+                            help="Run N CPU-bound processes beside every contender, to "
+                                 "measure the pipeline on a busy host (default 0).")
         add_wipe_arguments(parser,
                            json_help="Print the report as one JSON line instead of the table.")
 
     def handle(self, *args, preset, output_dir, timeout, interactive, **options):
         if timeout <= 0:
             raise CommandError("--timeout must be positive")
+        if not 0 <= options["cpu_load"] <= 64:
+            raise CommandError("--cpu-load must be between 0 and 64")
         if importlib.util.find_spec("matplotlib") is None:
             # Checked first: the chart is drawn at the end of a run of minutes.
             raise CommandError("cleanup_bench draws its chart with matplotlib: install the "
@@ -53,9 +62,11 @@ class Command(BaseCommand):
         say = (lambda line: None) if options["json"] else self.stdout.write
         exit_on_sigterm("cleanup_bench")
         report = run_bench(PRESETS[preset], timeout=timeout, say=say,
-                           reminders=not options["without_reminders"])
+                           reminders=not options["without_reminders"],
+                           cpu_load=options["cpu_load"], only=options["only"])
         output = Path(output_dir)
-        # A run without reminders has files of its own: it does not overwrite the product's.
+        # A run without reminders or beside a load has files of its own: it does not
+        # overwrite the product's.
         stem = f"bench-{reporting.baseline_key(report)}"
         reporting.write_json(report, output / f"{stem}.json")
         reporting.draw(report, output / f"{stem}.png")
