@@ -91,7 +91,7 @@ class System:
         self.manage("web", "runserver", "--noreload", f"127.0.0.1:{self.web_port}", **lease)
         self.manage("cluster", "qcluster", Q_POLL="0.1",
                     E2E_SCHEDULER="1" if scheduler else "0", **lease)
-        wait_for(lambda: self._text(f"http://127.0.0.1:{self.web_port}/metrics"),
+        wait_for(lambda: self.text(f"http://127.0.0.1:{self.web_port}/metrics"),
                  timeout=30, what="the app to serve /metrics")
 
     def stop_app(self) -> None:
@@ -109,7 +109,7 @@ class System:
         self._start("prometheus", [PROMETHEUS, f"--config.file={config}",
                                    f"--storage.tsdb.path={self.folder / 'tsdb'}",
                                    f"--web.listen-address=127.0.0.1:{self.prometheus_port}"])
-        wait_for(lambda: self._get(self._api("targets")), timeout=30,
+        wait_for(lambda: self.get(self.api("targets")), timeout=30,
                  what="Prometheus to start")
 
     def stop(self, name: str) -> None:
@@ -121,32 +121,35 @@ class System:
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
 
-    def _api(self, path: str) -> str:
+    def api(self, path: str) -> str:
+        """The address of ``path`` on Prometheus's HTTP API."""
         return f"http://127.0.0.1:{self.prometheus_port}/api/v1/{path}"
 
     @staticmethod
-    def _text(url: str) -> str | None:
+    def text(url: str) -> str | None:
+        """The body at ``url``, or None while it cannot be read."""
         try:
             with urllib.request.urlopen(url, timeout=5) as response:
                 return response.read().decode()
         except OSError:
             return None
 
-    def _get(self, url: str):
-        text = self._text(url)
+    def get(self, url: str):
+        """The JSON at ``url``, or None while it cannot be read."""
+        text = self.text(url)
         return json.loads(text) if text else None
 
     def alerts(self) -> dict[tuple[str, str], str]:
         """Alert name and policy -> pending or firing, as Prometheus evaluates them now."""
-        answer = self._get(self._api("alerts")) or {"data": {"alerts": []}}
+        answer = self.get(self.api("alerts")) or {"data": {"alerts": []}}
         return {(a["labels"]["alertname"],
                  a["labels"].get("policy", a["labels"].get("state", ""))): a["state"]
                 for a in answer["data"]["alerts"]}
 
     def series(self, query: str, start: float, end: float) -> list:
-        url = self._api(f"query_range?query={urllib.request.quote(query)}"
+        url = self.api(f"query_range?query={urllib.request.quote(query)}"
                         f"&start={start}&end={end}&step=2")
-        return (self._get(url) or {"data": {"result": []}})["data"]["result"]
+        return (self.get(url) or {"data": {"result": []}})["data"]["result"]
 
 
 @pytest.fixture

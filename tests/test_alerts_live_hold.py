@@ -64,13 +64,13 @@ class HeldSystem(System):
 
 def prometheus_alerts(system: HeldSystem, name: str) -> list[dict]:
     """The alerts named ``name`` as Prometheus's own API lists them, labels and all."""
-    answer = system._get(system._api("alerts")) or {"data": {"alerts": []}}
+    answer = system.get(system.api("alerts")) or {"data": {"alerts": []}}
     return [a for a in answer["data"]["alerts"] if a["labels"]["alertname"] == name]
 
 
 def instant(system: HeldSystem, query: str) -> list:
-    url = system._api(f"query?query={urllib.request.quote(query)}")
-    return (system._get(url) or {"data": {"result": []}})["data"]["result"]
+    url = system.api(f"query?query={urllib.request.quote(query)}")
+    return (system.get(url) or {"data": {"result": []}})["data"]["result"]
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ def test_a_pause_is_held_too_long_never_a_missed_schedule_nor_stalled_work_live(
     system.command("cleanup_schedule")
     system.manage("cluster", "qcluster", Q_POLL="0.1", E2E_SCHEDULER="1", **SHORT_LEASE)
     cluster_started = time.monotonic()
-    wait_for(lambda: system._text(f"http://127.0.0.1:{system.web_port}/metrics"),
+    wait_for(lambda: system.text(f"http://127.0.0.1:{system.web_port}/metrics"),
              timeout=30, what="the app to serve /metrics")
 
     # Held: the scheduler fires two slots, the workers dispatch both (a run that plans

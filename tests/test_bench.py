@@ -221,3 +221,22 @@ def test_cpu_load_out_of_range_is_refused_and_changes_nothing(section, count):
     with pytest.raises(CommandError, match="--cpu-load must be between 0 and 64"):
         call_command("cleanup_bench", "--noinput", "--cpu-load", count)
     assert SeatHold.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)  # the vacuum and the lock run on other connections
+def test_the_vacuum_probe_counts_the_time_a_vacuum_works_on_each_table(expired_leases):
+    import time
+
+    from config.devtools.bench.probes import VacuumProbe
+    from tests.test_pressure import vacuum_in_progress, vacuum_phase
+
+    probe = VacuumProbe(["engine_app_lease", "engine_app_account"], every=0.05)
+    with vacuum_in_progress(expired_leases):
+        assert vacuum_phase() == "truncating heap"
+        probe.start()
+        time.sleep(1)
+        seconds = probe.stop()
+
+    assert probe.error is None
+    assert 0.5 <= seconds["engine_app_lease"] <= 1.1
+    assert seconds["engine_app_account"] == 0

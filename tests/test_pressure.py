@@ -227,17 +227,18 @@ def vacuum_phase() -> str | None:
     return row[0] if row else None
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_vacuum_on_the_policys_table_slows_or_holds_cleanup(policy, expired_leases):
-    # A vacuum that can truncate empty pages at the table's end needs an exclusive lock
-    # for it; while another session holds even an ACCESS SHARE lock, it retries for 5 s
-    # in the phase "truncating heap", in progress the whole time. LOCK TABLE takes no
-    # snapshot, so the lock keeps no deleted row from being removable.
+@contextmanager
+def vacuum_in_progress(expired_leases) -> Iterator[None]:
+    """A manual VACUUM of the leases table kept in progress for the block.
+
+    A vacuum that can truncate empty pages at the table's end needs an exclusive lock
+    for it; while another session holds even an ACCESS SHARE lock, it retries for 5 s
+    in the phase "truncating heap", in progress the whole time. LOCK TABLE takes no
+    snapshot, so the lock keeps no deleted row from being removable.
+    """
     account = expired_leases[0].account
     Lease.objects.bulk_create(LeaseFactory.build_batch(300, account=account))
     Lease.objects.exclude(pk__in=[lease.pk for lease in expired_leases]).delete()
-    assert pressure.vacuum(policy, connection).level is Level.OK
-
     with session(autocommit=True) as locker, session(autocommit=True) as vacuumer:
         locker.execute("BEGIN")
         locker.execute("LOCK TABLE engine_app_lease IN ACCESS SHARE MODE")
@@ -250,11 +251,18 @@ def test_a_vacuum_on_the_policys_table_slows_or_holds_cleanup(policy, expired_le
                 run.start()
                 while run.is_alive() and vacuum_phase() != "truncating heap":
                     time.sleep(0.01)
-            slow = pressure.vacuum(policy, connection)
-            held = pressure.vacuum(policy, connection, hold_on_vacuum=True)
+            yield
         finally:
             locker.execute("ROLLBACK")
             run.join(timeout=10)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_vacuum_on_the_policys_table_slows_or_holds_cleanup(policy, expired_leases):
+    assert pressure.vacuum(policy, connection).level is Level.OK
+    with vacuum_in_progress(expired_leases):
+        slow = pressure.vacuum(policy, connection)
+        held = pressure.vacuum(policy, connection, hold_on_vacuum=True)
 
     assert slow == Signal(Level.SLOW, "vacuum", 1.0, None,
                           "vacuum of engine_app_lease running: truncating heap (manual)")

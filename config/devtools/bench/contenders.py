@@ -58,6 +58,8 @@ class Result:
     time_efficiency: float | None = None
     per_chunk_ms: dict | None = None
     renewals: dict = field(default_factory=dict)
+    # Seconds a vacuum worked on each table during the contender (probes.VacuumProbe).
+    vacuum_seconds: dict = field(default_factory=dict)
     checks: dict = field(default_factory=dict)
 
     @property

@@ -1,4 +1,5 @@
-"""Learners renewing holds while a contender cleans, each renewal timed."""
+"""Learners renewing holds while a contender cleans, each renewal timed; and how long
+a vacuum worked on the tables meanwhile."""
 
 from __future__ import annotations
 
@@ -59,6 +60,44 @@ class RenewalProbe(threading.Thread):
         self.latencies.append(time.perf_counter() - started)
         if found:
             self.renewed.add(pk)
+
+
+class VacuumProbe(threading.Thread):
+    """Sample every ``every`` seconds, on its own connection, which of the tables a vacuum
+    (manual or automatic) is working on; ``seconds`` sums the samples per table.
+
+    The pipeline slows down while one works on the policy's table (the vacuum
+    indicator): a run that met autovacuum is slower for it, and this says so.
+    """
+
+    def __init__(self, tables: list[str], every: float = 0.1):
+        super().__init__(name="vacuum-probe", daemon=True)
+        self.tables = tables
+        self.every = every
+        self.seconds = dict.fromkeys(tables, 0.0)
+        self.error: BaseException | None = None
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        try:
+            with connection.cursor() as cursor:
+                while not self._stopping.wait(self.every):
+                    cursor.execute(
+                        "SELECT relid::regclass::text FROM pg_stat_progress_vacuum"
+                        " WHERE datid = (SELECT oid FROM pg_database"
+                        "                WHERE datname = current_database())")
+                    for (table,) in cursor.fetchall():
+                        if table in self.seconds:
+                            self.seconds[table] += self.every
+        except BaseException as exc:  # reported by the runner, not lost with the thread
+            self.error = exc
+        finally:
+            connection.close()
+
+    def stop(self) -> dict[str, float]:
+        self._stopping.set()
+        self.join()
+        return {table: round(seconds, 1) for table, seconds in self.seconds.items()}
 
 
 def sample_ids(*, expired: bool, size: int, seed: int) -> list[int]:

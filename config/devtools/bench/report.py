@@ -45,15 +45,17 @@ def table(report: dict) -> str:
             f"{_pair(row['renewals']['cleaned']):>20}"
         )
     lines += ["", "Where a pipeline run's time went, per chunk, ms p50/p95 (efficiency: share "
-              "of wall time with a chunk statement executing):",
-              f"{'':<34}{'efficiency':>11}" + "".join(f"{part:>16}" for part in PARTS)]
+              "of wall time with a chunk statement executing; vacuum s: a vacuum working on "
+              "the holds, the reminders, which slows the pipeline down):",
+              f"{'':<34}{'efficiency':>11}" + "".join(f"{part:>16}" for part in PARTS)
+              + f"{'vacuum s':>16}"]
     for row in report["results"]:
         if row.get("time_efficiency") is None:
             continue
         spent = row["per_chunk_ms"]
         lines.append(f"{row['label']:<34}{row['time_efficiency']:>11.1%}" + "".join(
             f"{spent[part]['p50']:>9.1f}/{spent[part]['p95']:<6.1f}" if part in spent
-            else f"{'-':>16}" for part in PARTS))
+            else f"{'-':>16}" for part in PARTS) + f"{_vacuumed(row):>16}")
     lines += [
         "",
         f"{'idle (nothing cleaning)':<125}{_pair(idle['untouched']):>15}"
@@ -169,6 +171,11 @@ def record_baseline(report: dict) -> None:
 
 def _baselines() -> dict:
     return json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
+
+
+def _vacuumed(row: dict) -> str:
+    seconds = row.get("vacuum_seconds") or {}
+    return ", ".join(f"{value:.1f}" for value in seconds.values()) or "-"
 
 
 def _load(report: dict) -> str:

@@ -22,7 +22,14 @@ from cleanup.models import Chunk, Run
 from cleanup.policies import get_policy
 from config.devtools.bench import data
 from config.devtools.bench.contenders import Result, cluster_ready, contenders
-from config.devtools.bench.probes import CLEANED, UNTOUCHED, RenewalProbe, sample_ids, summary
+from config.devtools.bench.probes import (
+    CLEANED,
+    UNTOUCHED,
+    RenewalProbe,
+    VacuumProbe,
+    sample_ids,
+    summary,
+)
 from config.devtools.processes import Cluster
 from reservations.models import Reminder, SeatHold
 from reservations.policies import EXPIRE_HOLDS
@@ -104,17 +111,21 @@ def _measure(contender, policy, timeout: float) -> Result:
     before = SeatHold.objects.count()
     probes = [RenewalProbe(CLEANED, sample_ids(expired=True, size=PROBE_SAMPLE, seed=1), 1),
               RenewalProbe(UNTOUCHED, sample_ids(expired=False, size=PROBE_SAMPLE, seed=2), 2)]
-    for probe in probes:
+    vacuums = VacuumProbe([model._meta.db_table for model in data.TABLES])
+    for probe in [*probes, vacuums]:
         probe.start()
     try:
         result = contender(policy, timeout)
     finally:
         for probe in probes:
             probe.stop()
-    for probe in probes:
+        vacuumed = vacuums.stop()
+    for probe in [*probes, vacuums]:
         if probe.error is not None:
             raise probe.error
+    for probe in probes:
         result.renewals[probe.kind] = summary(probe.latencies)
+    result.vacuum_seconds = vacuumed
     renewed = set().union(*(probe.renewed for probe in probes))
     result.checks["renewed holds all survived"] = (
         SeatHold.objects.filter(pk__in=renewed).count() == len(renewed)
