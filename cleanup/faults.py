@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+# Inside the chunk's transaction, before it locks the chunk's row.
+BEFORE_CHUNK_LOCK = "before_chunk_lock"
 # After the chunk's DELETE and its ledger write, before the transaction commits.
 BEFORE_COMMIT = "before_commit"
-POINTS = (BEFORE_COMMIT,)
+POINTS = (BEFORE_CHUNK_LOCK, BEFORE_COMMIT)
 
 _injected: dict[str, list[Callable[[], None]]] = {}
 

@@ -240,3 +240,15 @@ def test_the_vacuum_probe_counts_the_time_a_vacuum_works_on_each_table(expired_l
     assert probe.error is None
     assert 0.5 <= seconds["engine_app_lease"] <= 1.1
     assert seconds["engine_app_account"] == 0
+
+
+def test_each_kind_of_run_has_a_baseline_and_files_of_its_own():
+    from config.devtools.bench.report import baseline_key
+
+    assert baseline_key(bench_report()) == "small"
+    assert baseline_key(bench_report(reminders=False)) == "small-without-reminders"
+    assert baseline_key(bench_report() | {"cpu_load": 2}) == "small-cpu-load-2"
+    # A range-only run has no items ratios: against the full baseline it would fail,
+    # and recorded it would drop them from the guard.
+    assert baseline_key(bench_report(reminders=False) | {"only": "range"}) == (
+        "small-without-reminders-range-only")

@@ -16,6 +16,7 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 from django_q.models import OrmQ
 
+from cleanup import faults
 from cleanup.engine.dispatch import dispatch
 from cleanup.engine.worker import Outcome, apply_chunk
 from cleanup.models import Chunk, Run
@@ -309,3 +310,40 @@ def test_slot_tasks_run_at_once_by_several_workers_make_one_run():
     assert Run.objects.count() == 1
     assert sorted(Slot.objects.values_list("outcome", flat=True)) == [
         Slot.Outcome.COALESCED, Slot.Outcome.COALESCED, Slot.Outcome.STARTED]
+
+
+def test_a_cancel_committed_while_a_delivery_waits_for_its_chunk_lock_stops_it():
+    """The delivery reads its run's state once the chunk's lock is granted: a cancel
+    that committed during the wait is seen, and nothing is deleted."""
+    leases = LeaseFactory.create_batch(3, expired=True)
+    run = dispatch("expire-leases").run
+    chunk = run.chunks.get()
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_chunk():  # as a duplicate delivery of the chunk does, in its transaction
+        with transaction.atomic():
+            # get() drops the default ordering, whose join would lock the run too.
+            Chunk.objects.select_for_update().get(pk=chunk.pk)
+            locked.set()
+            assert release.wait(30)
+
+    holder = Worker(hold_the_chunk)
+
+    def lock_it_first():
+        holder.start()
+        assert locked.wait(10)
+
+    with faults.injected(faults.BEFORE_CHUNK_LOCK, lock_it_first):
+        delivery = Worker(apply_chunk, chunk.message)
+        delivery.start()
+        wait_for(lambda: waiting_statements('SELECT "cleanup_chunk"') == 1,
+                 what="the delivery to wait for the chunk's lock")
+        # Cancelled as cancel_runs leaves a run whose chunk a delivery holds.
+        Run.objects.filter(pk=run.pk).update(state=Run.State.CANCELLED)
+        release.set()
+        assert holder.outcome() is None
+        assert delivery.outcome() == Outcome.NOOP
+
+    chunk.refresh_from_db()
+    assert (chunk.state, chunk.rows_deleted) == (Chunk.State.CANCELLED, 0)
+    assert Lease.objects.filter(pk__in=[lease.pk for lease in leases]).count() == 3

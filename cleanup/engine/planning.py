@@ -133,7 +133,9 @@ def _count_from_frontier(eligible, frontier, size, max_span) -> dict | None:
     if max_span is not None:
         first = Subquery(stretch.order_by("pk").values("pk")[:1],
                          output_field=BigIntegerField())
-        stretch = stretch.filter(pk__lt=first + max_span)
+        # From the first eligible id, not the frontier: the ids before it were read
+        # once, by the probe.
+        stretch = stretch.filter(pk__gte=first, pk__lt=first + max_span)
     found = stretch.order_by("pk")[:size].aggregate(rows=Count("pk"), first=Min("pk"),
                                                     last=Max("pk"))
     return found | {"partition": None} if found["rows"] else None

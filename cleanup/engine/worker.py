@@ -89,16 +89,19 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) ->
     started = time.monotonic()
     with transaction.atomic():
         _set_lock_timeout()
+        faults.reach(faults.BEFORE_CHUNK_LOCK)
         # Not the message: the delivery's start already compared it with the ledger.
-        # The run's state comes with it (the run is not locked: a cancel that commits
-        # later finds this chunk committed).
         current = (
-            Chunk.objects.select_for_update(of=("self",)).select_related("run")
-            .only("state", "planned_rows", "run_id", "run__state")
+            Chunk.objects.select_for_update()
+            .only("state", "planned_rows", "run_id")
             .get(pk=chunk.pk)
         )
         state = current.state
-        if state in Chunk.UNFINISHED and current.run.state == Run.State.CANCELLED:
+        # Read after the chunk's lock is granted, in a statement of its own: joined to
+        # the locking read, the run's row would be the one from before a wait for the
+        # lock, and would miss a cancel that committed meanwhile.
+        if state in Chunk.UNFINISHED and Run.objects.filter(
+                pk=current.run_id, state=Run.State.CANCELLED).exists():
             # Cancelled while a delivery held this chunk: nothing more is deleted.
             transitions.cancel_late(current)
             state = Chunk.State.CANCELLED

@@ -67,7 +67,9 @@ class VacuumProbe(threading.Thread):
     (manual or automatic) is working on; ``seconds`` sums the samples per table.
 
     The pipeline slows down while one works on the policy's table (the vacuum
-    indicator): a run that met autovacuum is slower for it, and this says so.
+    indicator): a run that met autovacuum is slower for it, and this says so. An
+    autovacuum's table shows only to a superuser or a member of pg_read_all_stats, as
+    for the indicator itself.
     """
 
     def __init__(self, tables: list[str], every: float = 0.1):

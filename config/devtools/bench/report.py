@@ -127,13 +127,16 @@ def draw(report: dict, path: Path) -> None:
 
 
 def baseline_key(report: dict) -> str:
-    """The preset's name, marked when the run left reminders out or ran beside a CPU
-    load: each kind is guarded against its own."""
+    """The preset's name, marked when the run left reminders out, ran beside a CPU load
+    or ran some contenders only: each kind is guarded against its own, and has files of
+    its own."""
     key = report["preset"]["name"]
     if not report.get("reminders", True):
         key += "-without-reminders"
     if report.get("cpu_load"):
         key += f"-cpu-load-{report['cpu_load']}"
+    if report.get("only"):
+        key += f"-{report['only']}-only"
     return key
 
 

@@ -80,9 +80,13 @@ def run_bench(preset: data.Preset, *, timeout: float, say: Callable[[str], None]
             say(f"{name}: {result.rows:,} rows in {result.seconds:.2f} s "
                 f"({result.rows_per_second:,.0f} rows/s{efficiency})")
     finally:
-        load.stop()
-        cluster.stop()
-        data.drop_template()
+        try:
+            load.stop()
+        finally:
+            try:
+                cluster.stop()
+            finally:
+                data.drop_template()
     return _report(preset, policy, idle, results) | {"reminders": reminders,
                                                      "cpu_load": cpu_load, "only": only}
 
@@ -95,8 +99,9 @@ class CpuLoad:
         self.processes: list[subprocess.Popen] = []
 
     def start(self) -> None:
-        self.processes = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                          for _ in range(self.count)]
+        # One at a time, so stop() kills those started even if a later one fails.
+        for _ in range(self.count):
+            self.processes.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
 
     def stop(self) -> None:
         for process in self.processes:
@@ -117,9 +122,9 @@ def _measure(contender, policy, timeout: float) -> Result:
     try:
         result = contender(policy, timeout)
     finally:
+        vacuumed = vacuums.stop()
         for probe in probes:
             probe.stop()
-        vacuumed = vacuums.stop()
     for probe in [*probes, vacuums]:
         if probe.error is not None:
             raise probe.error

@@ -25,8 +25,9 @@ class Command(BaseCommand):
                                  "large: 1,000,000 among 2,000,000 (docs/performance.md); "
                                  "xlarge: 5,000,000 among 10,000,000.")
         parser.add_argument("--output-dir", default="artifacts/bench",
-                            help="Where bench-<preset>.json and .png go "
-                                 "(bench-<preset>-without-reminders.* for such a run).")
+                            help="Where bench-<preset>.json and .png go (marked "
+                                 "-without-reminders, -cpu-load-N, -range-only for "
+                                 "such runs).")
         parser.add_argument("--timeout", type=float, default=1800,
                             help="Seconds to wait for any one contender.")
         parser.add_argument("--check-baseline", action="store_true",
