@@ -252,3 +252,15 @@ def test_each_kind_of_run_has_a_baseline_and_files_of_its_own():
     # and recorded it would drop them from the guard.
     assert baseline_key(bench_report(reminders=False) | {"only": "range"}) == (
         "small-without-reminders-range-only")
+
+
+@pytest.mark.django_db
+def test_a_renewal_probe_with_no_hold_to_draw_from_renews_nothing_and_does_not_fail():
+    from config.devtools.bench.probes import UNTOUCHED, RenewalProbe, summary
+
+    probe = RenewalProbe(UNTOUCHED, [], seed=1)
+    probe.start()
+    probe.stop()
+    assert probe.error is None
+    assert summary(probe.latencies) == {"n": 0, "p50_ms": None, "p99_ms": None,
+                                        "max_ms": None}

@@ -39,7 +39,9 @@ class RenewalProbe(threading.Thread):
 
     def run(self) -> None:
         try:
-            while not self._stopping.is_set():
+            # An empty sample renews nothing (no hold of its kind was left to draw from):
+            # its summary then counts no renewal.
+            while self.ids and not self._stopping.is_set():
                 self._renew_one(self.rng.choice(self.ids))
                 self._stopping.wait(PAUSE)
         except BaseException as exc:  # reported by the runner, not lost with the thread
