@@ -46,6 +46,8 @@ class Result:
     chunk_max_ms: float | None = None
     dispatch_seconds: float | None = None
     dispatcher_rss_mb: float | None = None
+    # The largest resident memory of any of the queue's processes during a pipeline run.
+    worker_rss_mb: float | None = None
     dispatch_ms_per_chunk: float | None = None
     # Where a pipeline run's wall time went: until its first chunk started, and the
     # chunks' transactions summed over the workers.

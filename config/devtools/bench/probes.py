@@ -1,5 +1,5 @@
-"""Learners renewing holds while a contender cleans, each renewal timed; and how long
-a vacuum worked on the tables meanwhile."""
+"""Learners renewing holds while a contender cleans, each renewal timed; how long a
+vacuum worked on the tables meanwhile; and the queue's processes' peak memory."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import random
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 from django.db import connection
 from django.utils import timezone
@@ -102,6 +103,47 @@ class VacuumProbe(threading.Thread):
         self._stopping.set()
         self.join()
         return {table: round(seconds, 1) for table, seconds in self.seconds.items()}
+
+
+class MemoryProbe(threading.Thread):
+    """Sample every ``every`` seconds the resident memory of each process ``pids()``
+    names; ``peak_mb`` is the largest any one of them reached (a worker's, not their
+    sum: a worker that grows with the backlog shows, however many there are)."""
+
+    def __init__(self, pids, every: float = 0.5):
+        super().__init__(name="memory-probe", daemon=True)
+        self.pids = pids
+        self.every = every
+        self.peak_kb = 0
+        self.error: BaseException | None = None
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while True:
+                for pid in self.pids():
+                    self.peak_kb = max(self.peak_kb, resident_kb(pid))
+                if self._stopping.wait(self.every):
+                    return
+        except BaseException as exc:  # reported by the runner, not lost with the thread
+            self.error = exc
+
+    def stop(self) -> float | None:
+        self._stopping.set()
+        self.join()
+        return round(self.peak_kb / 1024, 1) if self.peak_kb else None
+
+
+def resident_kb(pid: int) -> int:
+    """The process's resident memory now (VmRSS), 0 if it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
 
 
 def sample_ids(*, expired: bool, size: int, seed: int) -> list[int]:

@@ -29,9 +29,10 @@ def table(report: dict) -> str:
         f"{report['machine']['chunk_budget_ms']} ms",
         "",
         f"{'contender':<34}{'rows':>10}{'wall s':>9}{'rows/s':>10}{'x DELETE':>9}"
-        f"{'size':>14}{'chunk p99':>10}{'max ms':>9}{'1st chunk s':>12}{'RSS MB':>8}  "
+        f"{'size':>14}{'chunk p99':>10}{'max ms':>9}{'1st chunk s':>12}{'RSS MB':>8}"
+        f"{'wkr MB':>8}  "
         f"{'renewal p50/p99 ms':>34}",
-        f"{'':<125}{'untouched':>15}{'being cleaned':>20}",
+        f"{'':<133}{'untouched':>15}{'being cleaned':>20}",
     ]
     for row in report["results"]:
         wall = row["extrapolated_seconds"] if row["extrapolated"] else row["seconds"]
@@ -40,7 +41,7 @@ def table(report: dict) -> str:
             f"{row['ratio_to_single_delete']:>9.3f}{_size(row):>14}"
             f"{_ms(row['chunk_p99_ms'])}"
             f"{_ms(row['chunk_max_ms'], 9)}{_s(row.get('command_to_first_chunk_s'), 12)}"
-            f"{_ms(row['dispatcher_rss_mb'], 8)}  "
+            f"{_ms(row['dispatcher_rss_mb'], 8)}{_ms(row.get('worker_rss_mb'), 8)}  "
             f"{_pair(row['renewals']['untouched']):>15}"
             f"{_pair(row['renewals']['cleaned']):>20}"
         )
@@ -58,13 +59,14 @@ def table(report: dict) -> str:
             else f"{'-':>16}" for part in PARTS) + f"{_vacuumed(row):>16}")
     lines += [
         "",
-        f"{'idle (nothing cleaning)':<125}{_pair(idle['untouched']):>15}"
+        f"{'idle (nothing cleaning)':<133}{_pair(idle['untouched']):>15}"
         f"{_pair(idle['cleaned']):>20}",
         "",
         "Wall time of the one-task-per-row row is extrapolated from its sample of "
         f"{preset['per_row_sample']:,} rows.",
         "Size: a pipeline run's first chunks -> the size it reached; 1st chunk s: from "
-        "the dispatch command's start to its first chunk's start; window "
+        "the dispatch command's start to its first chunk's start; RSS MB: the dispatch "
+        "command's peak; wkr MB: the largest of the queue's processes during the run; window "
         f"{report['machine'].get('window', '-')} chunks in flight.",
         "Ratios: " + "; ".join(f"{name} {value:.3f}"
                                for name, value in report["ratios"].items()),

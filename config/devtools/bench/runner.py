@@ -25,12 +25,13 @@ from config.devtools.bench.contenders import Result, cluster_ready, contenders
 from config.devtools.bench.probes import (
     CLEANED,
     UNTOUCHED,
+    MemoryProbe,
     RenewalProbe,
     VacuumProbe,
     sample_ids,
     summary,
 )
-from config.devtools.processes import Cluster
+from config.devtools.processes import Cluster, descendants
 from reservations.models import Reminder, SeatHold
 from reservations.policies import EXPIRE_HOLDS
 
@@ -71,7 +72,7 @@ def run_bench(preset: data.Preset, *, timeout: float, say: Callable[[str], None]
         for name, contender in contenders(preset.per_row_sample, only=only).items():
             checkpointed = data.restore(seeded_at)
             say(f"{name}: running...")
-            result = _measure(contender, policy, timeout)
+            result = _measure(contender, policy, timeout, cluster)
             result.name = name
             result.checks["checkpoint before the run"] = checkpointed or None
             results.append(result)
@@ -110,27 +111,34 @@ class CpuLoad:
         self.processes = []
 
 
-def _measure(contender, policy, timeout: float) -> Result:
-    """Run one contender with both renewal probes racing it, then check what it left."""
+def _measure(contender, policy, timeout: float, cluster: Cluster) -> Result:
+    """Run one contender with both renewal probes racing it, then check what it left.
+
+    The cluster's processes' memory is sampled meanwhile: a worker's should not grow
+    with the backlog."""
     started_at = timezone.now()
     before = SeatHold.objects.count()
     probes = [RenewalProbe(CLEANED, sample_ids(expired=True, size=PROBE_SAMPLE, seed=1), 1),
               RenewalProbe(UNTOUCHED, sample_ids(expired=False, size=PROBE_SAMPLE, seed=2), 2)]
     vacuums = VacuumProbe([model._meta.db_table for model in data.TABLES])
-    for probe in [*probes, vacuums]:
+    memory = MemoryProbe(lambda: descendants(cluster.process.pid))
+    for probe in [*probes, vacuums, memory]:
         probe.start()
     try:
         result = contender(policy, timeout)
     finally:
         vacuumed = vacuums.stop()
+        worker_mb = memory.stop()
         for probe in probes:
             probe.stop()
-    for probe in [*probes, vacuums]:
+    for probe in [*probes, vacuums, memory]:
         if probe.error is not None:
             raise probe.error
     for probe in probes:
         result.renewals[probe.kind] = summary(probe.latencies)
     result.vacuum_seconds = vacuumed
+    if result.chunks and result.name.startswith("pipeline"):
+        result.worker_rss_mb = worker_mb
     renewed = set().union(*(probe.renewed for probe in probes))
     result.checks["renewed holds all survived"] = (
         SeatHold.objects.filter(pk__in=renewed).count() == len(renewed)
