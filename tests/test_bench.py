@@ -65,6 +65,17 @@ def test_small_preset_is_correct_and_keeps_the_range_ratio(tmp_path):
         assert set(spent) == {"waiting", "starting", "statement", "finishing"}, name
         # The statement part is the ledger's own durations, summed.
         assert spent["statement"]["sum_s"] == pytest.approx(row["in_transactions_s"], abs=0.01)
+        # The queue's processes were sampled while the run went on (a Python process
+        # with Django loaded is tens of MB).
+        assert 20 < row["worker_rss_mb"] < 1000, name
+    # Every target a full run shows is judged, each met or with its shortfall.
+    judged = {verdict["target"].split(" >=")[0].split(" <=")[0]: verdict
+              for verdict in report["targets"]}
+    assert set(judged) == {"range first run", "range third run", "items first run",
+                           "range runs' time efficiency", "items runs' time efficiency",
+                           "chunk p99", "first chunk"}
+    for verdict in report["targets"]:
+        assert verdict["met"] == (verdict["short_by"] == ""), verdict
     recorded = json.loads(BASELINE.read_text())["small"]["ratios"]
     assert set(recorded) == set(report["ratios"])  # every ratio is guarded
     for name, value in recorded.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from config.devtools.bench import targets
 from config.devtools.bench.efficiency import PARTS
 
 BASELINE = Path(__file__).with_name("baseline.json")
@@ -71,11 +72,26 @@ def table(report: dict) -> str:
         "Ratios: " + "; ".join(f"{name} {value:.3f}"
                                for name, value in report["ratios"].items()),
     ]
+    lines += ["", "Targets (each met, or by how much it falls short and where the time went):",
+              *targets.lines(targets.judge(report))]
     for row in report["results"]:
         failed = [name for name, ok in row["checks"].items() if ok is False]
         if failed:
             lines.append(f"FAILED checks for {row['label']}: {', '.join(failed)}")
     return "\n".join(lines)
+
+
+def judged(reports: dict[str, dict]) -> str:
+    """The targets judged from saved reports (by file name): each report's own, then
+    those that compare two of them (reminders' cost, contention, scale)."""
+    out = []
+    for name, report in reports.items():
+        out += [f"{name}:", *targets.lines(targets.judge(report))]
+    compared = targets.lines(targets.across(list(reports.values())))
+    out += ["Across reports:", *(compared or ["  (no two of these compare: give a run "
+                                             "with and without reminders, quiet and with "
+                                             "--cpu-load, or large and a larger preset)"])]
+    return "\n".join(out)
 
 
 def write_json(report: dict, path: Path) -> None:

@@ -20,7 +20,7 @@ from cleanup.conf import conf
 from cleanup.engine import window
 from cleanup.models import Chunk, Run
 from cleanup.policies import get_policy
-from config.devtools.bench import data
+from config.devtools.bench import data, targets
 from config.devtools.bench.contenders import Result, cluster_ready, contenders
 from config.devtools.bench.probes import (
     CLEANED,
@@ -185,7 +185,7 @@ def _report(preset, policy, idle: dict, results: list[Result]) -> dict:
             row["extrapolated_seconds"] = round(preset.expired / result.rows_per_second, 1)
         rows.append(row)
     q_cluster = settings.Q_CLUSTER
-    return {
+    report = {
         "preset": asdict(preset),
         "machine": {
             "cpus": os.cpu_count(),
@@ -206,6 +206,7 @@ def _report(preset, policy, idle: dict, results: list[Result]) -> dict:
         "checks_passed": all(ok is not False for r in results for ok in r.checks.values()),
         "finished_at": timezone.now().isoformat(timespec="seconds"),
     }
+    return report | {"targets": targets.as_dicts(targets.judge(report))}
 
 
 RATIOS = {  # name: (contender, reference)

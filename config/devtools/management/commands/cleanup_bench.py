@@ -47,10 +47,18 @@ class Command(BaseCommand):
         parser.add_argument("--cpu-load", type=int, default=0, metavar="N",
                             help="Run N CPU-bound processes beside every contender, to "
                                  "measure the pipeline on a busy host (default 0).")
+        parser.add_argument("--judge", nargs="+", metavar="REPORT",
+                            help="Run nothing: judge the performance targets from saved "
+                                 "bench-*.json reports, each on its own and pairs of them "
+                                 "(with and without reminders, quiet and --cpu-load, large "
+                                 "and a larger preset).")
         add_wipe_arguments(parser,
                            json_help="Print the report as one JSON line instead of the table.")
 
     def handle(self, *args, preset, output_dir, timeout, interactive, **options):
+        if options["judge"]:
+            self.stdout.write(reporting.judged(_saved_reports(options["judge"])))
+            return
         if timeout <= 0:
             raise CommandError("--timeout must be positive")
         if not 0 <= options["cpu_load"] <= 64:
@@ -83,3 +91,20 @@ class Command(BaseCommand):
             raise CommandError("a correctness check failed (see the report)")
         if options["check_baseline"] and not guard_ok:
             raise CommandError(guard)
+
+
+def _saved_reports(paths: list[str]) -> dict[str, dict]:
+    """The bench reports at ``paths``, by file name; a clear error for one that is not."""
+    reports = {}
+    for path in paths:
+        try:
+            report = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise CommandError(f"cannot read {path}: {exc.strerror}") from exc
+        except ValueError as exc:
+            raise CommandError(f"{path} is not JSON: {exc}") from exc
+        if not isinstance(report, dict) or not {"preset", "results", "ratios"} <= report.keys():
+            raise CommandError(f"{path} is not a cleanup_bench report (no preset, results "
+                               "and ratios)")
+        reports[Path(path).name] = report
+    return reports

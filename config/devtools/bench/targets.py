@@ -1,0 +1,219 @@
+"""The performance targets, judged from the bench's reports: each met, or by how much
+it falls short, and where a pipeline run's time went instead.
+
+A report judges what one run can show (ratios, efficiency, chunk latency, the first
+chunk). Some targets compare runs: reminders' cost (a run with them against one
+without), contention (quiet against ``--cpu-load``) and scale (a larger preset
+against ``large``); ``across`` pairs the reports it is given by what each ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+RANGE_RUNS = ("pipeline_range_first", "pipeline_range_second", "pipeline_range")
+ITEMS_RUNS = ("pipeline_items_first", "pipeline_items")
+# The targets, as the performance issue set them.
+RANGE_EFFICIENCY = 0.90
+ITEMS_EFFICIENCY = 0.85
+RANGE_FIRST_RATIO = 0.9
+RANGE_THIRD_RATIO = 1.0
+ITEMS_RATIO = 1.2
+CHUNK_P99_MS = 100
+FIRST_CHUNK_S = 0.5
+REMINDERS_COST = 1.5
+CONTENTION_LOSS = 0.30
+SCALE_CHANGE = 0.10
+
+
+@dataclass(frozen=True)
+class Verdict:
+    target: str
+    measured: str
+    met: bool
+    # Empty when met; else by how much it falls short, and the breakdown behind it.
+    short_by: str = ""
+    why: str = ""
+
+
+def judge(report: dict) -> list[Verdict]:
+    """Verdicts on the targets one report shows."""
+    runs = {row["name"]: row for row in report["results"]}
+    ratios = report["ratios"]
+    verdicts = []
+    for name, run, required, label in (
+        ("range_to_single_delete", "pipeline_range_first", RANGE_FIRST_RATIO,
+         "range first run >= {}x one DELETE"),
+        ("range_third_run_to_single_delete", "pipeline_range", RANGE_THIRD_RATIO,
+         "range third run >= {}x one DELETE"),
+        ("items_to_handwritten_unnest", "pipeline_items_first", ITEMS_RATIO,
+         "items first run >= {}x the unnest loop"),
+    ):
+        if name in ratios:
+            verdicts.append(_at_least(label.format(required), ratios[name], required, "x",
+                                      why=_why(runs, [run])))
+    for names, required, label in ((RANGE_RUNS, RANGE_EFFICIENCY, "range"),
+                                   (ITEMS_RUNS, ITEMS_EFFICIENCY, "items")):
+        efficiencies = [runs[name]["time_efficiency"] for name in names
+                        if runs.get(name, {}).get("time_efficiency") is not None]
+        if efficiencies:
+            verdicts.append(_at_least(f"{label} runs' time efficiency >= {required:.0%}",
+                                      min(efficiencies), required, "%",
+                                      why=_why(runs, names)))
+    pipelines = [row for row in report["results"] if row["name"].startswith("pipeline")]
+    if pipelines:
+        worst = max(row["chunk_p99_ms"] for row in pipelines)
+        verdicts.append(_at_most(f"chunk p99 <= {CHUNK_P99_MS} ms", worst, CHUNK_P99_MS, " ms"))
+        first = max(row["first_chunk_after_s"] for row in pipelines)
+        command = max(row.get("command_to_first_chunk_s") or 0 for row in pipelines)
+        verdicts.append(_at_most(
+            f"first chunk <= {FIRST_CHUNK_S} s after the dispatch (from its run's creation)",
+            first, FIRST_CHUNK_S, " s",
+            why=f"from the dispatch command's own start: up to {command:.2f} s"))
+    return verdicts
+
+
+def across(reports: list[dict]) -> list[Verdict]:
+    """Verdicts on the targets that compare reports, for each pair the list holds."""
+    verdicts = []
+    for with_them in reports:
+        for without in reports:
+            if (_kind(with_them)["reminders"] and _differ_only_in(with_them, without,
+                                                                   "reminders")):
+                cost = (_rate(without, "single_delete") / _rate(with_them, "single_delete"))
+                verdicts.append(_at_most(
+                    f"one DELETE with reminders <= {REMINDERS_COST}x holds alone "
+                    f"({_name(with_them)} against {_name(without)})", cost, REMINDERS_COST, "x"))
+    for quiet in reports:
+        for loaded in reports:
+            if not _kind(quiet)["cpu_load"] and _differ_only_in(quiet, loaded, "cpu_load"):
+                for name, value in quiet["ratios"].items():
+                    if name in loaded["ratios"] and value:
+                        loss = 1 - loaded["ratios"][name] / value
+                        verdicts.append(_at_most(
+                            f"{name} beside {loaded['cpu_load']} CPU-bound process(es) "
+                            f"within {CONTENTION_LOSS:.0%} of quiet ({_name(quiet)})",
+                            loss, CONTENTION_LOSS, "%"))
+    for small in reports:
+        for big in reports:
+            if (small["preset"]["name"] == "large" and big["preset"]["expired"]
+                    > small["preset"]["expired"] and _differ_only_in(small, big, "preset")):
+                verdicts += _scale(small, big)
+    return verdicts
+
+
+def _scale(small: dict, big: dict) -> list[Verdict]:
+    label = f"{_name(big)} against {_name(small)}"
+    verdicts = []
+    name = "range_to_single_delete"
+    if name in small["ratios"] and name in big["ratios"]:
+        change = abs(big["ratios"][name] / small["ratios"][name] - 1)
+        verdicts.append(_at_most(f"range first run's ratio within {SCALE_CHANGE:.0%} ({label})",
+                                 change, SCALE_CHANGE, "%"))
+    small_runs = {row["name"]: row for row in small["results"]}
+    for row in big["results"]:
+        other = small_runs.get(row["name"])
+        if other is None or not row["name"].startswith("pipeline"):
+            continue
+        for field, what in (("worker_rss_mb", "the queue's processes' peak memory"),
+                            ("dispatcher_rss_mb", "the dispatcher's peak memory")):
+            if row.get(field) and other.get(field):
+                change = row[field] / other[field] - 1
+                verdicts.append(_at_most(
+                    f"{row['label']}: {what} flat within {SCALE_CHANGE:.0%} ({label})",
+                    change, SCALE_CHANGE, "%",
+                    why=f"{other[field]:.1f} -> {row[field]:.1f} MB"))
+        if row.get("per_chunk_ms") and other.get("per_chunk_ms"):
+            # Planning the next chunk is part of finishing one.
+            before = other["per_chunk_ms"]["finishing"]["p50"]
+            after = row["per_chunk_ms"]["finishing"]["p50"]
+            verdicts.append(_at_most(
+                f"{row['label']}: planning per chunk the same (finishing p50 within "
+                f"{SCALE_CHANGE:.0%}, {label})", after / before - 1, SCALE_CHANGE, "%",
+                why=f"{before:.1f} -> {after:.1f} ms"))
+        if row["name"] == "pipeline_range_first":
+            verdicts.append(_at_most(f"{row['label']}: the ledger a few hundred chunks "
+                                     f"({label})", row["chunks"], 999, " chunks",
+                                     why=f"{row['chunks']:,} chunks of about "
+                                         f"{row['chunk_size']:,} rows"))
+    return verdicts
+
+
+def lines(verdicts: list[Verdict]) -> list[str]:
+    """One line per verdict, and the breakdown under each one missed."""
+    out = []
+    for verdict in verdicts:
+        state = "met" if verdict.met else f"NOT MET: {verdict.short_by}"
+        out.append(f"  {verdict.target}: {verdict.measured}: {state}")
+        if verdict.why and not verdict.met:
+            out.append(f"      {verdict.why}")
+    return out
+
+
+def as_dicts(verdicts: list[Verdict]) -> list[dict]:
+    return [asdict(verdict) for verdict in verdicts]
+
+
+def _at_least(target: str, value: float, required: float, unit: str, *, why: str = "") -> Verdict:
+    met = value >= required
+    gap = (f"{(required - value) * 100:.1f} points" if unit == "%"
+           else _show(required - value, unit))
+    return Verdict(target, _show(value, unit), met,
+                   "" if met else f"short by {gap} ({(required - value) / required:.0%} "
+                                  "of the target)", why)
+
+
+def _at_most(target: str, value: float, limit: float, unit: str, *, why: str = "") -> Verdict:
+    met = value <= limit
+    gap = f"{(value - limit) * 100:.1f} points" if unit == "%" else _show(value - limit, unit)
+    return Verdict(target, _show(value, unit), met, "" if met else f"over by {gap}", why)
+
+
+def _show(value: float, unit: str) -> str:
+    if unit == "%":
+        return f"{value:.1%}"
+    if unit == "x":
+        return f"{value:.3f}x"
+    return f"{value:,.2f}{unit}" if isinstance(value, float) else f"{value:,}{unit}"
+
+
+def _why(runs: dict, names) -> str:
+    """Where the slowest of the runs' chunks spent their time: the fixed cost of a chunk
+    (starting it and finishing it) beside its statement, and its wait for a worker."""
+    present = [runs[name] for name in names if runs.get(name, {}).get("per_chunk_ms")]
+    if not present:
+        return ""
+    row = min(present, key=lambda r: r["time_efficiency"])
+    spent = row["per_chunk_ms"]
+    fixed = spent["starting"]["p50"] + spent["finishing"]["p50"]
+    statement = spent["statement"]["p50"]
+    return (f"{row['label']}: {row['time_efficiency']:.1%} efficient; per chunk p50 "
+            f"statement {statement:.1f} ms, starting + finishing {fixed:.1f} ms "
+            f"({fixed / statement:.1f}x the statement), waiting for a worker "
+            f"{spent['waiting']['p50']:.1f} ms; {row['chunks']:,} chunks, reaching "
+            f"{row['chunk_size']:,} rows")
+
+
+def _rate(report: dict, name: str) -> float:
+    return next(row["rows_per_second"] for row in report["results"] if row["name"] == name)
+
+
+def _kind(report: dict) -> dict:
+    """What a report ran: its preset, with or without reminders, beside how much load."""
+    return {"preset": report["preset"]["name"], "reminders": report.get("reminders", True),
+            "cpu_load": report.get("cpu_load") or 0}
+
+
+def _differ_only_in(one: dict, other: dict, key: str) -> bool:
+    mine, theirs = _kind(one), _kind(other)
+    return mine[key] != theirs[key] and all(
+        mine[name] == theirs[name] for name in mine if name != key)
+
+
+def _name(report: dict) -> str:
+    name = report["preset"]["name"]
+    if not report.get("reminders", True):
+        name += " without reminders"
+    if report.get("cpu_load"):
+        name += f" beside {report['cpu_load']} CPU-bound"
+    return name

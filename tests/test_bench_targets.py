@@ -1,0 +1,112 @@
+"""The performance targets judged from bench reports, fed with reports the bench wrote
+(docs/bench-large*.json), and ``cleanup_bench --judge``'s refusals."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from config.devtools.bench import targets
+from tests.conftest import ROOT
+
+LARGE = json.loads((ROOT / "docs" / "bench-large.json").read_text())
+ALONE = json.loads((ROOT / "docs" / "bench-large-without-reminders-range-only.json").read_text())
+
+
+def by_target(verdicts) -> dict:
+    return {verdict.target: verdict for verdict in verdicts}
+
+
+def test_a_report_judges_each_target_it_shows_with_the_shortfall_and_the_breakdown():
+    verdicts = by_target(targets.judge(LARGE))
+    first = verdicts["range first run >= 0.9x one DELETE"]
+    assert first.measured == f"{LARGE['ratios']['range_to_single_delete']:.3f}x"
+    assert not first.met and first.short_by.startswith("short by 0.403x")
+    # Where the time went: the first run's own chunks, not another run's.
+    spent = next(row for row in LARGE["results"]
+                 if row["name"] == "pipeline_range_first")["per_chunk_ms"]
+    assert f"statement {spent['statement']['p50']:.1f} ms" in first.why
+    assert "Pipeline, range, first run" in first.why
+    assert "Pipeline, range, third run" in verdicts[
+        "range third run >= 1.0x one DELETE"].why
+    worst = max(row["chunk_p99_ms"] for row in LARGE["results"]
+                if row["name"].startswith("pipeline"))
+    p99 = verdicts["chunk p99 <= 100 ms"]
+    assert p99.met and p99.measured == f"{worst:,} ms" and p99.short_by == ""
+    efficiency = verdicts["items runs' time efficiency >= 85%"]
+    assert not efficiency.met and "points" in efficiency.short_by
+
+
+def test_a_range_only_report_judges_no_items_target():
+    names = set(by_target(targets.judge(ALONE)))
+    assert not any("items" in name for name in names)
+    assert "range runs' time efficiency >= 90%" in names
+
+
+def test_reports_with_and_without_reminders_judge_the_reminders_cost():
+    verdicts = targets.across([LARGE, ALONE])
+    assert len(verdicts) == 1  # the same preset, quiet both: only the reminders differ
+    (cost,) = verdicts
+    rate = {report["reminders"]: next(row["rows_per_second"] for row in report["results"]
+                                      if row["name"] == "single_delete")
+            for report in (LARGE, ALONE)}
+    assert cost.measured == f"{rate[False] / rate[True]:.3f}x"
+    assert not cost.met and cost.short_by.startswith("over by")
+
+
+def test_a_loaded_run_is_judged_against_the_quiet_one_ratio_by_ratio():
+    loaded = copy.deepcopy(LARGE) | {"cpu_load": 1}
+    loaded["ratios"] = {name: value * 0.75 for name, value in LARGE["ratios"].items()}
+    verdicts = targets.across([LARGE, loaded])
+    assert len(verdicts) == len(LARGE["ratios"])
+    assert all(v.met and v.measured == "25.0%" for v in verdicts)
+    loaded["ratios"]["range_to_single_delete"] = LARGE["ratios"]["range_to_single_delete"] / 2
+    missed = [v for v in targets.across([LARGE, loaded]) if not v.met]
+    assert [v.measured for v in missed] == ["50.0%"]
+    assert missed[0].short_by == "over by 20.0 points"
+
+
+def test_a_larger_preset_is_judged_against_large_for_ratio_memory_planning_and_ledger():
+    bigger = copy.deepcopy(LARGE)
+    bigger["preset"] = bigger["preset"] | {"name": "xlarge", "expired": 5_000_000}
+    for row in bigger["results"]:
+        row["worker_rss_mb"] = 60.0
+    small = copy.deepcopy(LARGE)
+    for row in small["results"]:
+        row["worker_rss_mb"] = 50.0
+    verdicts = targets.across([small, bigger])
+    memory = [v for v in verdicts if "queue's processes' peak memory" in v.target]
+    assert memory and all(not v.met and v.measured == "20.0%" for v in memory)
+    assert all(v.met for v in verdicts if "planning per chunk" in v.target)
+    (ratio,) = [v for v in verdicts if v.target.startswith("range first run's ratio")]
+    assert ratio.met and ratio.measured == "0.0%"
+    (ledger,) = [v for v in verdicts if "ledger" in v.target]
+    assert ledger.met  # 241 chunks
+    # Nothing is compared the other way round, nor a preset with itself.
+    assert targets.across([bigger]) == targets.across([small]) == []
+
+
+def test_judge_prints_each_report_and_the_comparisons(capsys):
+    call_command("cleanup_bench", "--judge", str(ROOT / "docs" / "bench-large.json"),
+                 str(ROOT / "docs" / "bench-large-without-reminders-range-only.json"))
+    out = capsys.readouterr().out
+    assert out.startswith("bench-large.json:\n")
+    assert "bench-large-without-reminders-range-only.json:\n" in out
+    assert "Across reports:\n  one DELETE with reminders <= 1.5x holds alone" in out
+
+
+@pytest.mark.parametrize("content, error", [
+    (None, "cannot read"),
+    ("not json", "is not JSON"),
+    ('{"preset": {}}', "is not a cleanup_bench report"),
+    ("[1, 2]", "is not a cleanup_bench report"),
+])
+def test_judge_refuses_what_is_not_a_report(tmp_path, content, error):
+    path = tmp_path / "report.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(CommandError, match=error):
+        call_command("cleanup_bench", "--judge", str(path))
