@@ -10,7 +10,6 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 
 from django.db import connection, transaction
 from django.db.models import Max, Min
@@ -25,7 +24,7 @@ from cleanup.models import Chunk, Run
 from cleanup.policies import ITEMS, RANGE, Policy
 from config.devtools import MANAGE
 from config.devtools.bench import efficiency
-from config.devtools.bench.probes import percentile
+from config.devtools.bench.probes import memory_kb, percentile
 from reservations.models import SeatHold
 
 SETTLED = (Chunk.State.ACKNOWLEDGED, Chunk.State.DEAD_LETTERED)
@@ -212,7 +211,7 @@ def _dispatch_in_subprocess(policy: Policy, scheme: str) -> tuple[dict, float]:
         )
         peak_kb = 0
         while process.poll() is None:
-            peak_kb = max(peak_kb, _high_water_kb(process.pid))
+            peak_kb = max(peak_kb, memory_kb(process.pid, "VmHWM"))
             time.sleep(0.02)
         out.seek(0)
         err.seek(0)
@@ -220,17 +219,6 @@ def _dispatch_in_subprocess(policy: Policy, scheme: str) -> tuple[dict, float]:
     if process.returncode != 0:
         raise RuntimeError(f"cleanup_dispatch failed: {errors[-2000:]}")
     return json.loads(output.strip().splitlines()[-1]), round(peak_kb / 1024, 1)
-
-
-def _high_water_kb(pid: int) -> int:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0
-    for line in status.splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    return 0
 
 
 def _wait(done, timeout: float, what: str) -> None:

@@ -107,8 +107,8 @@ class VacuumProbe(threading.Thread):
 
 class MemoryProbe(threading.Thread):
     """Sample every ``every`` seconds the resident memory of each process ``pids()``
-    names; ``peak_mb`` is the largest any one of them reached (a worker's, not their
-    sum: a worker that grows with the backlog shows, however many there are)."""
+    names; ``stop`` returns the largest any one of them reached, in MB (a worker's, not
+    their sum: a worker that grows with the backlog shows, however many there are)."""
 
     def __init__(self, pids, every: float = 0.5):
         super().__init__(name="memory-probe", daemon=True)
@@ -122,7 +122,7 @@ class MemoryProbe(threading.Thread):
         try:
             while True:
                 for pid in self.pids():
-                    self.peak_kb = max(self.peak_kb, resident_kb(pid))
+                    self.peak_kb = max(self.peak_kb, memory_kb(pid, "VmRSS"))
                 if self._stopping.wait(self.every):
                     return
         except BaseException as exc:  # reported by the runner, not lost with the thread
@@ -134,14 +134,15 @@ class MemoryProbe(threading.Thread):
         return round(self.peak_kb / 1024, 1) if self.peak_kb else None
 
 
-def resident_kb(pid: int) -> int:
-    """The process's resident memory now (VmRSS), 0 if it is gone."""
+def memory_kb(pid: int, field: str) -> int:
+    """A memory figure of the process from /proc (``VmRSS``: resident now, ``VmHWM``: its
+    peak), in kB; 0 if the process is gone."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return 0
     for line in status.splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1])
     return 0
 
