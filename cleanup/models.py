@@ -175,6 +175,11 @@ class Chunk(models.Model):
     duration_ms = models.PositiveIntegerField(
         null=True, blank=True, help_text="Duration of the transaction that committed it."
     )
+    cpu_wait_ms = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="Of that duration, how long its worker waited for a CPU (a busy host); "
+                  "empty where the kernel does not say.",
+    )
     unfinished_forgiven = models.PositiveIntegerField(
         default=0, help_text="Unfinished deliveries an operator's requeue set aside."
     )

@@ -184,10 +184,12 @@ DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "") or "seats@example.
 #   outcome; with a positive limit django-q2's monitor locks and loads all the kept
 #   successes (arguments included) on every result, which measured as the largest
 #   per-chunk cost of the pipeline (docs/performance.md). Failures are still stored.
-# - poll (0.2 s): how long an idle pusher sleeps before looking at the queue again;
+# - poll (0.05 s): how long an idle pusher sleeps before looking at the queue again;
 #   it is the delay before a new run's first chunk starts.
 # - bulk 1: a pusher takes one message at a time, so the other cluster's workers get
 #   the rest.
+# How much of the database's time a chunk's transaction may take (docs/settings.md).
+CLEANUP_CHUNK_BUDGET_MS = _env_number("CLEANUP_CHUNK_BUDGET_MS", 40)
 # How far the engine lets the database it cleans fall behind (docs/settings.md).
 CLEANUP_MAX_REPLICA_LAG = _env_number("CLEANUP_MAX_REPLICA_LAG", 10)
 CLEANUP_MAX_LOCK_WAIT_MS = _env_number("CLEANUP_MAX_LOCK_WAIT_MS", 200, int)

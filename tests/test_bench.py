@@ -62,9 +62,11 @@ def test_small_preset_is_correct_and_keeps_the_range_ratio(tmp_path):
         row = results[name]
         assert 0 < row["time_efficiency"] <= 1, name
         spent = row["per_chunk_ms"]
-        assert set(spent) == {"waiting", "starting", "statement", "finishing"}, name
-        # The statement part is the ledger's own durations, summed.
+        assert set(spent) == {"waiting", "starting", "statement", "finishing", "cpu wait"}, name
+        # The statement part is the ledger's own durations, summed; the worker's wait for a
+        # CPU is a part of it.
         assert spent["statement"]["sum_s"] == pytest.approx(row["in_transactions_s"], abs=0.01)
+        assert 0 <= spent["cpu wait"]["sum_s"] <= spent["statement"]["sum_s"], name
         # The queue's processes were sampled while the run went on (a Python process
         # with Django loaded is tens of MB).
         assert 20 < row["worker_rss_mb"] < 1000, name

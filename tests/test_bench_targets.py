@@ -90,12 +90,49 @@ def test_a_larger_preset_is_judged_against_large_for_ratio_memory_planning_and_l
 
 
 def test_judge_prints_each_report_and_the_comparisons(capsys):
-    call_command("cleanup_bench", "--judge", str(ROOT / "docs" / "bench-large.json"),
-                 str(ROOT / "docs" / "bench-large-without-reminders-range-only.json"))
+    with_them = str(ROOT / "docs" / "bench-large.json")
+    alone = str(ROOT / "docs" / "bench-large-without-reminders-range-only.json")
+    call_command("cleanup_bench", "--judge", with_them, alone)
     out = capsys.readouterr().out
-    assert out.startswith("bench-large.json:\n")
-    assert "bench-large-without-reminders-range-only.json:\n" in out
+    assert out.startswith(f"{with_them}:\n")
+    assert f"{alone}:\n" in out
     assert "Across reports:\n  one DELETE with reminders <= 1.5x holds alone" in out
+    # One preset: nothing to say about growth.
+    assert "How time grew" not in out
+
+
+def test_judge_keeps_apart_reports_that_share_a_file_name(tmp_path, capsys):
+    # Each run writes bench-<preset>.json: two presets' runs in two directories.
+    bigger = copy.deepcopy(LARGE)
+    bigger["preset"] = bigger["preset"] | {"name": "xlarge", "expired": 5_000_000,
+                                           "total": 10_000_000}
+    for row in bigger["results"]:
+        row["seconds"] *= 5
+    paths = []
+    for name, report in (("one", bigger), ("two", LARGE)):  # the larger one first
+        (tmp_path / name).mkdir()
+        paths.append(tmp_path / name / "bench.json")
+        paths[-1].write_text(json.dumps(report))
+    call_command("cleanup_bench", "--judge", *map(str, paths))
+    out = capsys.readouterr().out
+    assert f"{paths[0]}:\n" in out and f"{paths[1]}:\n" in out
+    assert "range first run's ratio within 10% (xlarge against large)" in out
+    # How time grew: a line per preset, smallest backlog first, seconds and us a row.
+    grown = out.split("How time grew with the backlog")[1].splitlines()
+    assert grown[1].startswith("  with reminders, quiet;")
+    grown = grown[3:]
+    assert [line.split()[0] for line in grown] == ["large", "xlarge"]
+    delete = next(row for row in LARGE["results"] if row["name"] == "single_delete")
+    assert f"{delete['seconds']:.2f} s" in grown[0]
+    assert f"{delete['seconds'] * 5:.2f} s" in grown[1]
+    assert f"{delete['seconds'] / delete['rows'] * 1e6:.2f} us/row" in grown[0]
+
+
+def test_judge_refuses_a_report_given_twice():
+    path = str(ROOT / "docs" / "bench-large.json")
+    with pytest.raises(CommandError, match="given twice; nothing was judged"):
+        call_command("cleanup_bench", "--judge", path, str(ROOT / "docs" / ".." / "docs"
+                                                            / "bench-large.json"))
 
 
 @pytest.mark.parametrize("content, error", [

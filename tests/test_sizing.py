@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.utils import timezone
@@ -26,9 +27,10 @@ def learning(settings):
 
 
 def history(scheme: str, *, chunks: int, rows: int, duration_ms: int, policy=EXPIRE,
-            span: int = 0) -> None:
+            span: int = 0, cpu_wait_ms: int | None = None) -> Run:
     """Ledger rows of a finished run whose chunks each took ``duration_ms`` for ``rows``
-    (range chunks spanning ``span`` ids)."""
+    (range chunks spanning ``span`` ids), of which their worker waited ``cpu_wait_ms``
+    for a CPU."""
     now = timezone.now()
     run = Run.objects.create(policy=policy, dispatch_key=f"test:{uuid.uuid4()}", cutoff=now,
                              scheme=scheme, state=Run.State.COMPLETED)
@@ -36,9 +38,10 @@ def history(scheme: str, *, chunks: int, rows: int, duration_ms: int, policy=EXP
         Chunk(run=run, chunk_id=seq, state=Chunk.State.ACKNOWLEDGED,
               message={"start_id": seq * span, "end_id": (seq + 1) * span} if span else {},
               planned_rows=rows, rows_deleted=rows, duration_ms=duration_ms,
-              committed_at=now)
+              cpu_wait_ms=cpu_wait_ms, committed_at=now)
         for seq in range(1, chunks + 1)
     )
+    return run
 
 
 def test_without_enough_history_the_policys_chunk_size_is_used():
@@ -90,8 +93,9 @@ def test_dispatch_plans_with_the_learned_size_and_records_it(account, chunk_size
 
 
 def test_a_few_slow_chunks_do_not_shrink_the_size():
-    history(RANGE, chunks=9, rows=1_000, duration_ms=5)
-    history(RANGE, chunks=2, rows=1_000, duration_ms=400)  # a lock wait, a sparse range
+    run = history(RANGE, chunks=7, rows=1_000, duration_ms=5)
+    # Two of the run's chunks met a lock wait or a sparse range.
+    Chunk.objects.filter(run=run, chunk_id__in=[2, 5]).update(duration_ms=400)
     assert sizing.chunk_size(get_policy(EXPIRE), RANGE) == 50 * 200
 
 
@@ -116,3 +120,72 @@ def test_dispatch_records_the_span_cap_and_plans_within_it(account, chunk_size):
     run = dispatch(EXPIRE, scheme=RANGE).run
     assert (run.chunk_size, run.max_span) == (1_000, sizing.SPAN_FACTOR * 1_000)
     assert sum(c.planned_rows for c in run.chunks.all()) == len(leases)
+
+
+def test_a_run_under_a_passing_load_does_not_set_the_next_runs_start():
+    history(RANGE, chunks=sizing.ENOUGH, rows=1_000, duration_ms=5)  # 200 rows per ms
+    # The latest run met a busier database: a little slower (150 rows per ms), with more
+    # chunks than the quiet run had.
+    history(RANGE, chunks=sizing.PER_RUN, rows=1_000, duration_ms=7)
+    assert sizing.chunk_size(get_policy(EXPIRE), RANGE) == 50 * 200
+
+
+def test_a_new_run_starts_at_most_a_step_above_the_latest_runs_pace():
+    history(RANGE, chunks=sizing.ENOUGH, rows=1_000, duration_ms=5)  # 200 rows per ms
+    # Ten times slower since: a grown table, or a load that has not passed. The first
+    # window is planned for at most twice the latest pace, not for the old database.
+    history(RANGE, chunks=sizing.PER_RUN, rows=1_000, duration_ms=50)  # 20 rows per ms
+    assert sizing.chunk_size(get_policy(EXPIRE), RANGE) == 50 * 20 * sizing.STEP
+
+
+def test_short_runs_are_learned_from_together():
+    # A frequent schedule over a small backlog: runs of two chunks each, at 100, 200
+    # and 250 rows per ms; together they have enough chunks, and their median is 200.
+    for duration_ms in (10, 5, 4):
+        history(RANGE, chunks=2, rows=1_000, duration_ms=duration_ms)
+    assert sizing.chunk_size(get_policy(EXPIRE), RANGE) == 50 * 200
+
+
+def test_a_short_run_is_left_out_beside_one_with_enough_chunks():
+    history(RANGE, chunks=sizing.ENOUGH, rows=1_000, duration_ms=5)  # 200 rows per ms
+    history(RANGE, chunks=2, rows=1_000, duration_ms=1)  # 1,000 rows per ms, 2 chunks
+    assert sizing.chunk_size(get_policy(EXPIRE), RANGE) == 50 * 200
+
+
+def test_a_new_run_learns_from_each_recent_runs_latest_chunks_only():
+    quiet = history(RANGE, chunks=sizing.PER_RUN, rows=1_000, duration_ms=5)
+    # The quiet run's earliest chunks were slow: older than its latest PER_RUN.
+    earlier = timezone.now() - timedelta(minutes=5)
+    Chunk.objects.bulk_create(
+        Chunk(run=quiet, chunk_id=100 + seq, state=Chunk.State.ACKNOWLEDGED, message={},
+              planned_rows=1_000, rows_deleted=1_000, duration_ms=500, committed_at=earlier)
+        for seq in range(sizing.PER_RUN * 2)
+    )
+    assert sizing.chunk_size(get_policy(EXPIRE), RANGE) == 50 * 200
+
+
+def test_a_workers_wait_for_a_cpu_is_not_the_databases_time():
+    # 10 ms a chunk, 5 of them spent by the worker waiting for a CPU: the database
+    # took 5 ms for the 1,000 rows.
+    history(RANGE, chunks=sizing.ENOUGH, rows=1_000, duration_ms=10, cpu_wait_ms=5)
+    assert sizing.chunk_size(get_policy(EXPIRE), RANGE) == 50 * 200
+
+
+def test_at_most_half_of_a_chunks_time_is_taken_for_its_workers_wait():
+    # 95 of 100 ms waiting for a CPU: the chunk's locks were held for all 100, so its
+    # pace is read from no less than half of them.
+    history(RANGE, chunks=sizing.ENOUGH, rows=1_000, duration_ms=100, cpu_wait_ms=95)
+    assert sizing.chunk_size(get_policy(EXPIRE), RANGE) == 50 * 20
+
+
+def test_within_a_run_a_busy_client_does_not_shrink_the_next_chunk():
+    # 1,000 rows in 10 ms, 5 of them waiting for a CPU: 200 rows per ms of the
+    # database's time; the next chunk is 6,000 rows now.
+    run = history(RANGE, chunks=sizing.LATEST, rows=1_000, duration_ms=10, cpu_wait_ms=5)
+    run.state, run.next_chunk_size = Run.State.RUNNING, 6_000
+    size, _ = sizing.next_size(run, get_policy(EXPIRE))
+    assert size == 50 * 200
+    # The same time without the wait is a slower database: 100 rows per ms.
+    Chunk.objects.filter(run=run).update(cpu_wait_ms=None)
+    size, _ = sizing.next_size(run, get_policy(EXPIRE))
+    assert size == 50 * 100

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from datetime import timedelta
 
 import pytest
@@ -11,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from cleanup import faults
-from cleanup.engine import transitions
+from cleanup.engine import cpu_wait, transitions
 from cleanup.engine.dispatch import dispatch
 from cleanup.engine.worker import Outcome, apply_chunk
 from cleanup.models import Chunk, OrphanMessage, Run
@@ -42,6 +46,36 @@ def test_delivery_deletes_expired_leases_and_commits_the_chunk(expired_leases, a
     assert (chunk.deliveries, chunk.deliveries_completed, chunk.noop_deliveries) == (1, 1, 0)
     assert run.state == Run.State.COMPLETED
     assert list(Lease.objects.all()) == [active]
+
+
+@pytest.mark.skipif(cpu_wait.waited() is None or not hasattr(os, "sched_setaffinity"),
+                    reason="the kernel reports no CPU wait, or no CPU can be pinned")
+def test_a_chunk_records_how_long_its_worker_waited_for_a_cpu(expired_leases):
+    chunk = only_chunk(dispatch("expire-leases").run)
+    # The worker's thread and a spinning process share one CPU while the thread computes
+    # for 0.2 s inside the chunk's transaction: it waits for the CPU about as long.
+    allowed = os.sched_getaffinity(0)
+    cpu = min(allowed)
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                               preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+
+    def compute() -> None:
+        deadline = time.thread_time() + 0.2
+        while time.thread_time() < deadline:
+            pass
+
+    os.sched_setaffinity(0, {cpu})
+    try:
+        time.sleep(0.1)  # the spinner is running
+        with faults.injected(faults.BEFORE_CHUNK_LOCK, compute):
+            apply_chunk(chunk.message)
+    finally:
+        os.sched_setaffinity(0, allowed)
+        spinner.kill()
+        spinner.wait()
+    chunk.refresh_from_db()
+    assert chunk.duration_ms >= 200
+    assert 100 <= chunk.cpu_wait_ms < chunk.duration_ms, (chunk.cpu_wait_ms, chunk.duration_ms)
 
 
 def test_same_chunk_delivered_twice_second_is_noop(expired_leases):
@@ -457,3 +491,37 @@ def test_a_range_chunk_that_plans_the_next_costs_eighteen_statements(section, se
     assert [sql.split()[0] for sql in statements].count("DELETE") == 1
     assert len(statements) == 18, "\n".join(sql[:100] for sql in statements)
     assert len(chunks_of(run)) == 5  # the chunk's end planned the next
+
+
+@pytest.mark.parametrize("content, reading", [
+    ("481172 1563123 1\n", 0.001563123),
+    ("0 0 0\n", None),  # a kernel keeping no scheduler statistics
+    ("", None),
+    ("not numbers\n", None),
+])
+def test_the_cpu_wait_is_read_from_the_threads_schedstat(tmp_path, monkeypatch, content,
+                                                         reading):
+    stat = tmp_path / "schedstat"
+    stat.write_text(content)
+    monkeypatch.setattr(cpu_wait, "SCHEDSTAT", str(stat))
+    assert cpu_wait.waited() == (pytest.approx(reading) if reading else None)
+
+
+def test_no_cpu_wait_reading_where_the_kernel_gives_none(tmp_path, monkeypatch):
+    monkeypatch.setattr(cpu_wait, "SCHEDSTAT", str(tmp_path / "absent"))
+    assert cpu_wait.waited() is None
+    assert cpu_wait.since(1.0) is None
+    monkeypatch.undo()
+    assert cpu_wait.since(None) is None
+
+
+def test_a_commit_keeps_no_cpu_wait_it_was_not_given_and_never_more_than_its_time(
+        expired_leases, chunk_size):
+    chunk_size("expire-leases", 3)
+    first, second = chunks_of(dispatch("expire-leases").run)
+    transitions.commit(first, deleted=0, retries=0, elapsed=0.05)
+    transitions.commit(second, deleted=0, retries=0, elapsed=0.05, cpu_wait=0.5)
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert (first.duration_ms, first.cpu_wait_ms) == (50, None)
+    assert (second.duration_ms, second.cpu_wait_ms) == (50, 50)

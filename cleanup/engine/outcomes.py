@@ -22,11 +22,12 @@ log = structlog.get_logger("cleanup.ledger")
 
 
 def commit(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
-           updated: int = 0, policy: str | None = None) -> bool:
+           updated: int = 0, cpu_wait: float | None = None,
+           policy: str | None = None) -> bool:
     """``transitions.commit``, then the window topped up and the run settled
     (``policy``: the run's, where the caller knows it)."""
     committed = transitions.commit(chunk, deleted=deleted, retries=retries, elapsed=elapsed,
-                                   updated=updated)
+                                   updated=updated, cpu_wait=cpu_wait)
     if committed:
         advance_and_settle(chunk.run_id, policy=policy)
     return committed

@@ -8,18 +8,36 @@ ceiling. A new run starts from the policy's recent runs (or the policy's own
 latest chunks, changing by at most ``STEP`` times per chunk planned, so a first run on
 an empty ledger reaches its budgeted size within a handful of chunks and one slow chunk
 (a lock wait) does not collapse the size.
+
+A pace is the database's: rows per millisecond of the chunk's transaction, less the
+time its worker waited for a CPU (cleanup.engine.cpu_wait), but never less than half
+of it. A slow database makes the chunks smaller, which is the budget's purpose; a busy
+client does not, since smaller chunks would only add per-chunk work for its busy CPUs,
+and its chunks still hold their locks for at most twice the budget. A new run starts
+from the fastest of the recent runs' median paces, so a run that met a passing load
+does not set the next one's start, but from at most ``STEP`` times the latest run's:
+if the database has become slower, the new run's first window is not planned for the
+database of five runs ago.
 """
 
 from __future__ import annotations
+
+from django.db.models import F, Window
+from django.db.models.functions import RowNumber
 
 from cleanup.conf import conf
 from cleanup.models import Chunk, Run
 from cleanup.policies import ITEMS, Policy
 
-# Recent chunks the rate is learned from, and how many are enough to trust it.
-HISTORY = 50
-ENOUGH = 5
+# A new run learns from the latest PER_RUN chunks of each of the policy's last RUNS
+# runs; ENOUGH chunks are enough to trust a pace.
 RUNS = 5
+PER_RUN = 10
+ENOUGH = 5
+# What a pace is read from; and the most of a chunk's time taken for its worker's wait
+# for a CPU rather than the database's work.
+PACE_FIELDS = ("planned_rows", "duration_ms", "cpu_wait_ms")
+MAX_CPU_WAIT_SHARE = 0.5
 # A range chunk may span this many times the ids a typical full one spans.
 SPAN_FACTOR = 2
 # Within a run: the latest chunks whose pace sets the next size, and the most the size
@@ -34,13 +52,22 @@ def chunk_size(policy: Policy, scheme: str) -> int:
     """Return the rows per chunk for a new run of ``policy`` under ``scheme``."""
     if not conf.CHUNK_BUDGET_MS:
         return policy.chunk_size
-    history = list(_recent(policy, scheme).values("planned_rows", "duration_ms"))
+    runs = _recent_runs(policy, scheme)
+    history = list(_recent(runs).values("run_id", *PACE_FIELDS))
     if len(history) < ENOUGH:
         return policy.chunk_size
-    # The median chunk's pace: a few chunks that met a lock or a sparse stretch of ids
-    # do not shrink the size for the rest. Durations are whole milliseconds.
-    paces = sorted(chunk["planned_rows"] / max(chunk["duration_ms"], 1) for chunk in history)
-    learned = int(conf.CHUNK_BUDGET_MS * paces[len(paces) // 2])
+    per_run: dict[object, list[float]] = {run_id: [] for run_id in runs}
+    for chunk in history:
+        per_run[chunk["run_id"]].append(_pace(chunk))
+    # Each run's median chunk (a few that met a lock or a sparse stretch of ids do not
+    # shrink the size for the rest), newest run first; runs too short to say anything
+    # alone are taken together.
+    medians = [_median(paces) for paces in per_run.values() if len(paces) >= ENOUGH]
+    if medians:
+        pace = min(max(medians), STEP * medians[0])
+    else:
+        pace = _median([_pace(chunk) for chunk in history])
+    learned = int(conf.CHUNK_BUDGET_MS * pace)
     ceiling = conf.MAX_ITEMS_PER_CHUNK if scheme == ITEMS else conf.MAX_RANGE_ROWS_PER_CHUNK
     return max(conf.MIN_ROWS_PER_CHUNK, min(learned, ceiling))
 
@@ -55,8 +82,8 @@ def max_span(policy: Policy, scheme: str, size: int) -> int | None:
     if scheme == ITEMS or not conf.CHUNK_BUDGET_MS:
         return None
     history = list(
-        _recent(policy, scheme).values_list("planned_rows", "message__start_id",
-                                            "message__end_id")
+        _recent(_recent_runs(policy, scheme)).values_list("planned_rows", "message__start_id",
+                                                          "message__end_id")
     )
     if len(history) < ENOUGH:
         return None
@@ -80,36 +107,58 @@ def next_size(run, policy: Policy, *, slow: bool = False) -> tuple[int, int | No
     current = run.next_chunk_size or run.chunk_size or policy.chunk_size
     if not conf.CHUNK_BUDGET_MS:
         return current, run.max_span
-    fields = ["planned_rows", "duration_ms"]
+    fields = list(PACE_FIELDS)
     if run.scheme != ITEMS:  # an items message is large and carries no span: left unread
         fields += ["message__start_id", "message__end_id"]
     latest = list(
         Chunk.objects.filter(run=run, state__in=Chunk.DONE, duration_ms__isnull=False,
                              planned_rows__gt=0)
         .order_by("-committed_at")
-        .values_list(*fields)[:LATEST]
+        .values(*fields)[:LATEST]
     )
     if not latest:
         return current, run.max_span
-    paces = sorted(row[0] / max(row[1], 1) for row in latest)
     budget = conf.CHUNK_BUDGET_MS * (SLOW_BUDGET_SHARE if slow else 1)
-    learned = int(budget * paces[len(paces) // 2])
+    learned = int(budget * _median([_pace(chunk) for chunk in latest]))
     ceiling = conf.MAX_ITEMS_PER_CHUNK if run.scheme == ITEMS else conf.MAX_RANGE_ROWS_PER_CHUNK
     size = max(current // STEP, min(learned, current * STEP))
     size = max(conf.MIN_ROWS_PER_CHUNK, min(size, ceiling))
-    spans = sorted((row[3] - row[2]) / row[0] for row in latest
-                   if len(row) == 4 and isinstance(row[2], int) and isinstance(row[3], int))
+    spans = sorted(
+        (chunk["message__end_id"] - chunk["message__start_id"]) / chunk["planned_rows"]
+        for chunk in latest
+        if isinstance(chunk.get("message__start_id"), int)
+        and isinstance(chunk.get("message__end_id"), int))
     if not spans:
         return size, None
     return size, max(1, round(SPAN_FACTOR * size * spans[len(spans) // 2]))
 
 
-def _recent(policy: Policy, scheme: str):
-    """The policy's latest done chunks of this scheme, from its last few runs only (found
-    through the run index), so a long ledger is not sorted under the policy's lock."""
-    runs = Run.objects.filter(policy=policy.name, scheme=scheme).order_by("-created_at")
+def _pace(chunk: dict) -> float:
+    """Rows per millisecond of the database's time (whole milliseconds in the ledger)."""
+    duration = chunk["duration_ms"]
+    waited = min(chunk["cpu_wait_ms"] or 0, duration * MAX_CPU_WAIT_SHARE)
+    return chunk["planned_rows"] / max(duration - waited, 1)
+
+
+def _median(values: list[float]) -> float:
+    """The middle value (the upper one of an even count)."""
+    return sorted(values)[len(values) // 2]
+
+
+def _recent_runs(policy: Policy, scheme: str) -> list:
+    """Ids of the policy's last ``RUNS`` runs of this scheme, newest first (through the
+    run index, so a long ledger is not sorted under the policy's lock)."""
+    return list(Run.objects.filter(policy=policy.name, scheme=scheme)
+                .order_by("-created_at", "-pk").values_list("pk", flat=True)[:RUNS])
+
+
+def _recent(run_ids: list):
+    """The latest ``PER_RUN`` done chunks of each of the runs."""
     return (
-        Chunk.objects.filter(run__in=runs[:RUNS], state__in=Chunk.DONE,
+        Chunk.objects.filter(run__in=run_ids, state__in=Chunk.DONE,
                              duration_ms__isnull=False, planned_rows__gt=0)
-        .order_by("-committed_at")[:HISTORY]
+        .order_by()
+        .annotate(latest=Window(RowNumber(), partition_by=[F("run_id")],
+                                order_by=[F("committed_at").desc(), F("pk").desc()]))
+        .filter(latest__lte=PER_RUN)
     )

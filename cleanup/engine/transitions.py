@@ -49,13 +49,15 @@ def enqueue(pks: Iterable[int], now: datetime | None = None) -> int:
 
 
 def commit(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
-           updated: int = 0) -> bool:
+           updated: int = 0, cpu_wait: float | None = None) -> bool:
     """unfinished → committed, with the outcome, in the transaction of the chunk's DELETE.
 
-    ``elapsed`` covers the transaction up to this write; the commit itself is not in it.
+    ``elapsed`` covers the transaction up to this write (the commit itself is not in
+    it); ``cpu_wait`` is how much of it the worker spent waiting for a CPU.
     """
     updated = Chunk.objects.filter(pk=chunk.pk, state__in=UNFINISHED).update(
         duration_ms=round(elapsed * 1000),
+        cpu_wait_ms=None if cpu_wait is None else round(min(cpu_wait, elapsed) * 1000),
         state=Chunk.State.COMMITTED,
         committed_at=timezone.now(),
         rows_deleted=F("rows_deleted") + deleted,

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from cleanup import faults
 from cleanup.conf import conf
-from cleanup.engine import messages, orphans, outcomes, process_lock, transitions
+from cleanup.engine import cpu_wait, messages, orphans, outcomes, process_lock, transitions
 from cleanup.engine.messages import ChunkMessage
 from cleanup.engine.pressure import CHUNK_APPLICATION_NAME
 from cleanup.exceptions import MalformedMessage, UnknownPolicy, traceback_of
@@ -86,7 +86,7 @@ def chunk_statement(policy: Policy, message: ChunkMessage, frozen: dict[str, dat
 
 
 def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) -> Outcome:
-    started = time.monotonic()
+    started, waited = time.monotonic(), cpu_wait.waited()
     with transaction.atomic():
         _set_lock_timeout()
         faults.reach(faults.BEFORE_CHUNK_LOCK)
@@ -123,7 +123,8 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) ->
                 deleted, _ = statement.delete()
                 outcome = Outcome.DELETED if deleted else Outcome.NOOP
             outcomes.commit(current, deleted=deleted, updated=updated, retries=retries,
-                            elapsed=time.monotonic() - started, policy=policy.name)
+                            elapsed=time.monotonic() - started,
+                            cpu_wait=cpu_wait.since(waited), policy=policy.name)
             faults.reach(faults.BEFORE_COMMIT)
     log.info(
         "chunk outcome",

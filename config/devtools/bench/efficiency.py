@@ -4,7 +4,7 @@ Time efficiency is the share of the run's wall time (its creation to its last
 acknowledgement) during which at least one chunk transaction was executing its
 statement on the database: the union of the chunks' ``[committed_at - duration_ms,
 committed_at]`` intervals over the wall time. Each chunk's own time splits into four
-parts, all from the ledger's timestamps:
+parts, all from the ledger's timestamps, and one part of its statement's:
 
 - waiting: from its message being written to a worker starting its delivery (the
   planning chunk's commit, the broker's poll, a busy worker);
@@ -12,7 +12,9 @@ parts, all from the ledger's timestamps:
   reading the run);
 - statement: the chunk's transaction up to its outcome (``duration_ms``);
 - finishing: from the outcome to the acknowledgement (the top-up planning the next
-  chunks, settling the run, the commit, django-q2 saving the result and the ack).
+  chunks, settling the run, the commit, django-q2 saving the result and the ack);
+- cpu wait: of the statement, how long its worker waited for a CPU (``cpu_wait_ms``: a
+  busy client, not a slow database).
 """
 
 from __future__ import annotations
@@ -22,23 +24,26 @@ from datetime import timedelta
 from cleanup.models import Chunk
 from config.devtools.bench.probes import percentile
 
-PARTS = ("waiting", "starting", "statement", "finishing")
+PARTS = ("waiting", "starting", "statement", "finishing", "cpu wait")
 
 
 def time_spent(chunks, started, ended) -> dict:
     """The run's time efficiency and each part's median and p95 per chunk, in ms."""
     rows = list(chunks.filter(state=Chunk.State.ACKNOWLEDGED).values_list(
-        "enqueued_at", "last_delivery_at", "committed_at", "acknowledged_at", "duration_ms"))
+        "enqueued_at", "last_delivery_at", "committed_at", "acknowledged_at", "duration_ms",
+        "cpu_wait_ms"))
     wall = (ended - started).total_seconds()
     intervals = sorted((committed - timedelta(milliseconds=duration), committed)
-                       for _, _, committed, _, duration in rows)
+                       for _, _, committed, _, duration, _ in rows)
     parts: dict[str, list[float]] = {part: [] for part in PARTS}
-    for enqueued, delivered, committed, acknowledged, duration in rows:
+    for enqueued, delivered, committed, acknowledged, duration, cpu_wait in rows:
         statement_start = committed - timedelta(milliseconds=duration)
         parts["waiting"].append(_ms(delivered - enqueued))
         parts["starting"].append(max(0.0, _ms(statement_start - delivered)))
         parts["statement"].append(float(duration))
         parts["finishing"].append(_ms(acknowledged - committed))
+        if cpu_wait is not None:
+            parts["cpu wait"].append(float(cpu_wait))
     return {
         "time_efficiency": round(_covered(intervals) / wall, 4) if wall else None,
         "per_chunk_ms": {part: _summary(sorted(values)) for part, values in parts.items()

@@ -47,8 +47,9 @@ def table(report: dict) -> str:
             f"{_pair(row['renewals']['cleaned']):>20}"
         )
     lines += ["", "Where a pipeline run's time went, per chunk, ms p50/p95 (efficiency: share "
-              "of wall time with a chunk statement executing; vacuum s: a vacuum working on "
-              "the holds, the reminders, which slows the pipeline down):",
+              "of wall time with a chunk statement executing; cpu wait: of the statement, its "
+              "worker waiting for a CPU; vacuum s: a vacuum working on the holds, the "
+              "reminders, which slows the pipeline down):",
               f"{'':<34}{'efficiency':>11}" + "".join(f"{part:>16}" for part in PARTS)
               + f"{'vacuum s':>16}"]
     for row in report["results"]:
@@ -82,8 +83,9 @@ def table(report: dict) -> str:
 
 
 def judged(reports: dict[str, dict]) -> str:
-    """The targets judged from saved reports (by file name): each report's own, then
-    those that compare two of them (reminders' cost, contention, scale)."""
+    """The targets judged from saved reports (by path): each report's own, then those
+    that compare two of them (reminders' cost, contention, scale), and how time grew
+    with the backlog where the reports hold more than one preset."""
     out = []
     for name, report in reports.items():
         out += [f"{name}:", *targets.lines(targets.judge(report))]
@@ -91,6 +93,10 @@ def judged(reports: dict[str, dict]) -> str:
     out += ["Across reports:", *(compared or ["  (no two of these compare: give a run "
                                              "with and without reminders, quiet and with "
                                              "--cpu-load, or large and a larger preset)"])]
+    grown = targets.growth(list(reports.values()))
+    if grown:
+        out += ["How time grew with the backlog (per preset: seconds, and microseconds a "
+                "hold deleted):", *grown]
     return "\n".join(out)
 
 

@@ -24,6 +24,11 @@ FIRST_CHUNK_S = 0.5
 REMINDERS_COST = 1.5
 CONTENTION_LOSS = 0.30
 SCALE_CHANGE = 0.10
+# "A few hundred chunks, not thousands" for a range run's ledger.
+LEDGER_CHUNKS = 999
+# The runs whose time the growth table shows, per preset.
+GROWTH_RUNS = {"single_delete": "one DELETE", "pipeline_range_first": "range first run",
+               "pipeline_range": "range third run"}
 
 
 @dataclass(frozen=True)
@@ -133,10 +138,50 @@ def _scale(small: dict, big: dict) -> list[Verdict]:
                 why=f"{before:.1f} -> {after:.1f} ms"))
         if row["name"] == "pipeline_range_first":
             verdicts.append(_at_most(f"{row['label']}: the ledger a few hundred chunks "
-                                     f"({label})", row["chunks"], 999, " chunks",
+                                     f"({label})", row["chunks"], LEDGER_CHUNKS, " chunks",
                                      why=f"{row['chunks']:,} chunks of about "
                                          f"{row['chunk_size']:,} rows"))
     return verdicts
+
+
+def growth(reports: list[dict]) -> list[str]:
+    """How the one DELETE's and the range runs' time grows with the backlog: a line per
+    preset (smallest backlog first), for each set of reports that differ only in it."""
+    out = []
+    for alike in _by_all_but_preset(reports):
+        if len({report["preset"]["name"] for report in alike}) < 2:
+            continue
+        kind = _kind(alike[0])
+        out.append(f"  {'with' if kind['reminders'] else 'without'} reminders, "
+                   + (f"beside {kind['cpu_load']} CPU-bound process(es)" if kind["cpu_load"]
+                      else "quiet")
+                   + "; first run: the range first run's ratio to the one DELETE")
+        out.append(f"  {'preset':<8}{'expired':>11}{'holds':>12}"
+                   + "".join(f"{label:>24}" for label in GROWTH_RUNS.values())
+                   + f"{'first run':>11}")
+        for report in sorted(alike, key=lambda report: report["preset"]["expired"]):
+            runs = {row["name"]: row for row in report["results"]}
+            cells = "".join(_time_and_rate(runs.get(name)) for name in GROWTH_RUNS)
+            ratio = report["ratios"].get("range_to_single_delete")
+            out.append(f"  {report['preset']['name']:<8}{report['preset']['expired']:>11,}"
+                       f"{report['preset']['total']:>12,}{cells}"
+                       + (f"{ratio:>10.3f}x" if ratio is not None else f"{'-':>11}"))
+    return out
+
+
+def _by_all_but_preset(reports: list[dict]) -> list[list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for report in reports:
+        rest = {key: value for key, value in _kind(report).items() if key != "preset"}
+        groups.setdefault(tuple(sorted(rest.items())), []).append(report)
+    return list(groups.values())
+
+
+def _time_and_rate(row: dict | None) -> str:
+    """A run's seconds and microseconds per row deleted."""
+    if not row or not row["rows"]:
+        return f"{'-':>24}"
+    return f"{row['seconds']:>9.2f} s {row['seconds'] / row['rows'] * 1e6:>6.2f} us/row"
 
 
 def lines(verdicts: list[Verdict]) -> list[str]:
@@ -187,8 +232,10 @@ def _why(runs: dict, names) -> str:
     spent = row["per_chunk_ms"]
     fixed = spent["starting"]["p50"] + spent["finishing"]["p50"]
     statement = spent["statement"]["p50"]
+    waited = (f" (its worker waiting for a CPU {spent['cpu wait']['p50']:.1f} ms of it)"
+              if "cpu wait" in spent else "")
     return (f"{row['label']}: {row['time_efficiency']:.1%} efficient; per chunk p50 "
-            f"statement {statement:.1f} ms, starting + finishing {fixed:.1f} ms "
+            f"statement {statement:.1f} ms{waited}, starting + finishing {fixed:.1f} ms "
             f"({fixed / statement:.1f}x the statement), waiting for a worker "
             f"{spent['waiting']['p50']:.1f} ms; {row['chunks']:,} chunks, reaching "
             f"{row['chunk_size']:,} rows")

@@ -94,9 +94,13 @@ class Command(BaseCommand):
 
 
 def _saved_reports(paths: list[str]) -> dict[str, dict]:
-    """The bench reports at ``paths``, by file name; a clear error for one that is not."""
-    reports = {}
+    """The bench reports at ``paths``, by path as given (two runs' reports can share a
+    file name); a clear error for one that is not, or one given twice."""
+    reports, seen = {}, set()
     for path in paths:
+        if Path(path).resolve() in seen:
+            raise CommandError(f"{path} is given twice; nothing was judged")
+        seen.add(Path(path).resolve())
         try:
             report = json.loads(Path(path).read_text())
         except OSError as exc:
@@ -106,5 +110,5 @@ def _saved_reports(paths: list[str]) -> dict[str, dict]:
         if not isinstance(report, dict) or not {"preset", "results", "ratios"} <= report.keys():
             raise CommandError(f"{path} is not a cleanup_bench report (no preset, results "
                                "and ratios)")
-        reports[Path(path).name] = report
+        reports[path] = report
     return reports
