@@ -151,11 +151,8 @@ def growth(reports: list[dict]) -> list[str]:
     for alike in _by_all_but_preset(reports):
         if len({report["preset"]["name"] for report in alike}) < 2:
             continue
-        kind = _kind(alike[0])
-        out.append(f"  {'with' if kind['reminders'] else 'without'} reminders, "
-                   + (f"beside {kind['cpu_load']} CPU-bound process(es)" if kind["cpu_load"]
-                      else "quiet")
-                   + "; first run: the range first run's ratio to the one DELETE")
+        out.append(f"  {_conditions(alike[0]).strip() or 'with reminders, quiet'}; first "
+                   "run: the range first run's ratio to the one DELETE")
         out.append(f"  {'preset':<8}{'expired':>11}{'holds':>12}"
                    + "".join(f"{label:>24}" for label in GROWTH_RUNS.values())
                    + f"{'first run':>11}")
@@ -258,9 +255,14 @@ def _differ_only_in(one: dict, other: dict, key: str) -> bool:
 
 
 def _name(report: dict) -> str:
-    name = report["preset"]["name"]
+    return report["preset"]["name"] + _conditions(report)
+
+
+def _conditions(report: dict) -> str:
+    """What a report ran under besides its preset, if not the product quiet."""
+    conditions = ""
     if not report.get("reminders", True):
-        name += " without reminders"
+        conditions += " without reminders"
     if report.get("cpu_load"):
-        name += f" beside {report['cpu_load']} CPU-bound"
-    return name
+        conditions += f" beside {report['cpu_load']} CPU-bound"
+    return conditions

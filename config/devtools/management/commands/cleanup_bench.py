@@ -98,9 +98,10 @@ def _saved_reports(paths: list[str]) -> dict[str, dict]:
     file name); a clear error for one that is not, or one given twice."""
     reports, seen = {}, set()
     for path in paths:
-        if Path(path).resolve() in seen:
+        resolved = Path(path).resolve()
+        if resolved in seen:
             raise CommandError(f"{path} is given twice; nothing was judged")
-        seen.add(Path(path).resolve())
+        seen.add(resolved)
         try:
             report = json.loads(Path(path).read_text())
         except OSError as exc:
