@@ -65,6 +65,28 @@ class Settings:
         return self._read("LOCK_TIMEOUT_MS", 5000)
 
     @property
+    def STATEMENT_TIMEOUT_MS(self) -> int:
+        """PostgreSQL statement_timeout of a chunk's transaction, in milliseconds: no
+        statement of a chunk holds learners' rows longer (set locally, so a pooled
+        server connection keeps none of it)."""
+        return self._read("STATEMENT_TIMEOUT_MS", 30_000)
+
+    @property
+    def IDLE_IN_TRANSACTION_TIMEOUT_MS(self) -> int:
+        """PostgreSQL idle_in_transaction_session_timeout of a chunk's transaction, in
+        milliseconds: a process that freezes or loses its network mid-chunk has its
+        session ended by the server after this long, its locks released and its chunk
+        redelivered."""
+        return self._read("IDLE_IN_TRANSACTION_TIMEOUT_MS", 5_000)
+
+    @property
+    def SYNC_LEASE_SECONDS(self) -> float:
+        """How long a ``--sync`` process's lease on its run lasts unless renewed (it is
+        renewed with every chunk): a process that dies, freezes or is cut off loses the
+        run to the workers this long after its last chunk began."""
+        return self._read("SYNC_LEASE_SECONDS", 30)
+
+    @property
     def MAX_REPLICA_LAG(self) -> float:
         """Seconds of replay lag of any streaming standby (pg_stat_replication, read on
         the primary) past which a policy is held: it plans and sends nothing new."""

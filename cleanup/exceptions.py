@@ -85,3 +85,8 @@ def cause_of(error: str) -> str:
     if sep and " " not in name and "." in name:
         first = f"{name.rsplit('.', 1)[1]}: {message}"
     return first[:CAUSE_LENGTH]
+
+
+class LeaseLost(CleanupError):
+    """A ``--sync`` run is no longer this process's to apply: its lease lapsed and the
+    workers took the run over."""

@@ -105,6 +105,23 @@ SETTING_RULES = (
          "Set how long a chunk's DELETE may wait for a row lock before it gives up and is "
          "retried; PostgreSQL reads 0 as no timeout, which lets a chunk hang.",
          lambda value: whole(value) and 1 <= value <= PG_INT_MAX),
+    *(
+        Rule(name, "cleanup.E027", f"a whole number of milliseconds from 1 to {PG_INT_MAX}",
+             f"Set how long {what}; PostgreSQL reads 0 as no limit, which lets a frozen "
+             "process hold learners' rows for good.",
+             lambda value: whole(value) and 1 <= value <= PG_INT_MAX)
+        for name, what in (
+            ("STATEMENT_TIMEOUT_MS", "one statement of a chunk's transaction may run"),
+            ("IDLE_IN_TRANSACTION_TIMEOUT_MS",
+             "a chunk's transaction may sit idle before the server ends its session"),
+        )
+    ),
+    Rule("SYNC_LEASE_SECONDS", "cleanup.E028", "a number of seconds from 1 to 86400",
+         "Set how long a --sync process keeps its run without renewing its lease; past it "
+         "the workers take the run over. Too short hands over runs whose process is only "
+         "slow (harmless, but the queue finishes them); too long leaves a dead process's "
+         "run waiting.",
+         lambda value: number(value) and 1 <= value <= 86_400),
     Rule("SCHEDULE_GRACE_SECONDS", "cleanup.E017",
          f"a number of seconds above {SCHEDULER_PASS_SECONDS}",
          "Set how late a schedule slot may fire before it counts as missed. django-q2's "

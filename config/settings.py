@@ -131,6 +131,19 @@ else:
 # Persistent connections with health checks, and no psycopg pool: qcluster forks its
 # workers, and a pool inherited across fork hands one socket to several processes.
 _database.update(CONN_MAX_AGE=60, CONN_HEALTH_CHECKS=True)
+_pooler = os.environ.get("DATABASE_POOLER", "").strip().lower()
+if _pooler not in ("", "none", "transaction"):
+    raise ImproperlyConfigured(
+        f"DATABASE_POOLER is {_pooler!r}; expected 'transaction' (PgBouncer in transaction "
+        "mode, or a pooler that behaves like it) or nothing"
+    )
+if _pooler == "transaction":
+    # A transaction pooler hands each transaction any server connection: nothing may
+    # outlive one. No server-side cursor (Django's iterator() outside a transaction
+    # would DECLARE one WITH HOLD) and no prepared statement, even with OPTIONS that
+    # turn on server-side binding (psycopg then prepares a query run 5 times).
+    _database["DISABLE_SERVER_SIDE_CURSORS"] = True
+    _database.setdefault("OPTIONS", {})["prepare_threshold"] = None
 DATABASES = {"default": _database}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -194,6 +207,12 @@ CLEANUP_CHUNK_BUDGET_MS = _env_number("CLEANUP_CHUNK_BUDGET_MS", 40)
 CLEANUP_MAX_REPLICA_LAG = _env_number("CLEANUP_MAX_REPLICA_LAG", 10)
 CLEANUP_MAX_LOCK_WAIT_MS = _env_number("CLEANUP_MAX_LOCK_WAIT_MS", 200, int)
 CLEANUP_PRESSURE_CHECK_SECONDS = _env_number("CLEANUP_PRESSURE_CHECK_SECONDS", 2)
+# How long a frozen or cut-off process may hold learners' rows and its --sync run
+# (docs/operations.md, Deploying behind a pooler and on several hosts).
+CLEANUP_STATEMENT_TIMEOUT_MS = _env_number("CLEANUP_STATEMENT_TIMEOUT_MS", 30_000, int)
+CLEANUP_IDLE_IN_TRANSACTION_TIMEOUT_MS = _env_number(
+    "CLEANUP_IDLE_IN_TRANSACTION_TIMEOUT_MS", 5_000, int)
+CLEANUP_SYNC_LEASE_SECONDS = _env_number("CLEANUP_SYNC_LEASE_SECONDS", 30)
 
 Q_CLUSTER = {
     "name": os.environ.get("Q_CLUSTER_QUEUE", "cleanup"),

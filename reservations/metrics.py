@@ -44,13 +44,13 @@ class ReminderCollector:
         count, oldest, limit, failed = self._families()
         # Bounded like the engine's backlog: an expire-holds run deletes these rows
         # too, and reading past them in the index took 2.6 s per scrape.
-        with Budget() as budget:
-            for state in UNSENT:
-                due = read_backlog(Reminder.objects.filter(state=state, due_at__lte=now),
-                                   "due_at", budget, cap=COUNT_CAP, key=f"reminders:{state}")
-                count.add_metric([state], due.rows)
-                first = due.oldest_observed
-                oldest.add_metric([state], (now - first).total_seconds() if first else 0.0)
+        budget = Budget()
+        for state in UNSENT:
+            due = read_backlog(Reminder.objects.filter(state=state, due_at__lte=now),
+                               "due_at", budget, cap=COUNT_CAP, key=f"reminders:{state}")
+            count.add_metric([state], due.rows)
+            first = due.oldest_observed
+            oldest.add_metric([state], (now - first).total_seconds() if first else 0.0)
         limit.add_metric([], late_limit(now).total_seconds())
         for reason in Reminder.Failure.values:
             failed.add_metric([reason], Reminder.objects.filter(

@@ -46,6 +46,9 @@ CHECKED_BY = {
     "MAX_LOCK_WAIT_MS": "cleanup.E024",
     "PRESSURE_CHECK_SECONDS": "cleanup.E025",
     "PRESSURE_INDICATORS": "cleanup.E026",
+    "STATEMENT_TIMEOUT_MS": "cleanup.E027",
+    "IDLE_IN_TRANSACTION_TIMEOUT_MS": "cleanup.E027",
+    "SYNC_LEASE_SECONDS": "cleanup.E028",
 }
 
 

@@ -103,7 +103,7 @@ def test_each_scrape_statement_on_a_policy_table_is_bounded(client, expired_leas
         # Newest first, from the live end of the index while a run deletes the oldest.
         assert statement.startswith('SELECT COUNT(*), CASE WHEN MIN("__col1") <')
         assert statement.endswith(f"ORDER BY 1 DESC LIMIT {backlog_module.COUNT_CAP}) subquery")
-    # ... under the budget, set before the backlog statements and put back after them.
+    # ... each under the budget, set locally in its own transaction before it.
     sql = [q["sql"] for q in queries.captured_queries]
     first = sql.index(on_leases[0])
     assert any(f"'{BUDGET_MS}ms'" in s and "statement_timeout" in s for s in sql[:first])
@@ -163,8 +163,7 @@ def test_without_chunks_in_flight_the_age_is_that_of_a_row_counted(leases_by_age
     monkeypatch.setattr(backlog_module, "_oldest", slow_index_read([]))
     now = timezone.now()
 
-    with Budget() as budget:
-        found = backlogs([get_policy("expire-leases")], now, budget)["expire-leases"]
+    found = backlogs([get_policy("expire-leases")], now, Budget())["expire-leases"]
 
     assert (found.rows, found.exact) == (3, False)
     expiries = Lease.objects.values_list("expires_at", flat=True)
@@ -193,17 +192,20 @@ def test_nothing_readable_within_the_budget_reads_as_an_inexact_zero(leases_by_a
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_sleep(2)")
     monkeypatch.setattr(backlog_module, "_count", slow_count)
-    with Budget() as budget:
-        found = backlogs([get_policy("expire-leases")], timezone.now(), budget)
+    found = backlogs([get_policy("expire-leases")], timezone.now(), Budget())
 
     assert (found["expire-leases"].rows, found["expire-leases"].exact) == (0, False)
     assert show_statement_timeout() == "0"
 
 
-@pytest.mark.django_db(transaction=True)  # outside a transaction the budget is set on
-# the connection itself, and must be put back on it
-def test_the_budget_is_put_back_on_the_connection():
+@pytest.mark.django_db(transaction=True)  # outside a transaction: no test transaction
+# around the read, so what it sets would stay on the session if it were not local
+def test_the_budget_never_outlives_its_statement_on_the_session():
     assert not connection.in_atomic_block
-    with Budget(25):
-        assert show_statement_timeout() == "25ms"
+    with CaptureQueriesContext(connection) as queries:
+        assert Budget(25).read(show_statement_timeout) == "25ms"
     assert show_statement_timeout() == "0"
+    # Set for the transaction only: a pooled server connection is handed on without it.
+    assert any("set_config('statement_timeout', %s, true)" in q["sql"] or
+               "set_config('statement_timeout', '25ms', true)" in q["sql"]
+               for q in queries.captured_queries)

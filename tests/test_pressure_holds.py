@@ -12,7 +12,7 @@ from cleanup.engine import pressure, sizing, window
 from cleanup.engine.dispatch import dispatch
 from cleanup.engine.pressure import Level, Signal
 from cleanup.engine.summary import describe_dispatch
-from cleanup.engine.worker import Outcome, _set_lock_timeout, apply_chunk
+from cleanup.engine.worker import Outcome, apply_chunk, bound_transaction
 from cleanup.models import Chunk, Hold, Run
 from cleanup.observability.status import run_summary
 from cleanup.policies import get_policy
@@ -142,7 +142,8 @@ def test_lock_waits_make_the_next_chunks_learn_against_a_quarter_of_the_budget(
     run = dispatch(POLICY, scheme="range").run
     for chunk in unfinished():
         apply_chunk(chunk.message)
-    Chunk.objects.filter(run=run).update(duration_ms=20, planned_rows=400)  # 20 rows/ms
+    Chunk.objects.filter(run=run).update(duration_ms=20, planned_rows=400,
+                                         cpu_wait_ms=0)  # 20 rows/ms, on an idle host
     run.refresh_from_db()
     run.next_chunk_size = 1000
     policy = get_policy(POLICY)
@@ -158,7 +159,7 @@ def test_lock_waits_make_the_next_chunks_learn_against_a_quarter_of_the_budget(
 @pytest.mark.django_db(transaction=True)
 def test_a_chunk_transaction_names_itself_for_the_lock_waits_indicator():
     with transaction.atomic():
-        _set_lock_timeout()
+        bound_transaction(chunk_session=True)
         with connection.cursor() as cursor:
             cursor.execute("SHOW application_name")
             assert cursor.fetchone()[0] == pressure.CHUNK_APPLICATION_NAME

@@ -1,69 +1,137 @@
-"""The --sync lease holds against the races around it: a taker proves the owner gone
-under a lock the owner cannot take back meanwhile, the worker never drops the lease's
-connection for its age, and the rows eligible at dispatch are recorded once.
+"""The --sync lease is a row with an expiry, never a session lock: it lapses on the
+database's clock when its owner stops renewing it, a taker ends it under the row's lock
+so an owner renewing meanwhile finds it gone, and an owner that wakes up late applies
+and counts nothing of a run that is no longer its own.
 
 transaction=True: the owner and the taker are two real sessions.
 """
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
+
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
+from django.utils import timezone
 
-from cleanup.engine import process_lock, transitions
+from cleanup import faults
+from cleanup.engine import leases, sync_lease, transitions
 from cleanup.engine.dispatch import dispatch
-from cleanup.engine.worker import _reset_broken_connection
-from tests.conftest import database_url, wait_for
+from cleanup.engine.reconcile import reconcile
+from cleanup.engine.worker import apply_chunk
+from cleanup.exceptions import LeaseLost
+from cleanup.models import Chunk, Run
+from cleanup.models import Lease as WorkLease
+from tests.conftest import database_url
+from tests.engine_app.models import Lease
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+TABLE = WorkLease._meta.db_table
 
 
 def other_session() -> psycopg.Connection:
     return psycopg.connect(database_url(), autocommit=True)
 
 
-def test_a_taker_cannot_prove_a_live_owner_gone(expired_leases):
-    run = dispatch("expire-leases").run
-    owner = other_session()
-    assert owner.execute("SELECT pg_try_advisory_lock(%s)",
-                         [process_lock.key(run.pk)]).fetchone()[0]
+def lapse(name: str) -> None:
+    WorkLease.objects.filter(name=name).update(expires_at=timezone.now() - timedelta(seconds=1))
 
+
+def in_process_run(settings) -> Run:
+    """A run dispatched for the queue, then claimed by this process as --sync does."""
+    run = dispatch("expire-leases").run
+    assert sync_lease.acquire(run.pk) and transitions.claim_in_process(run.pk)
+    return run
+
+
+def test_a_lease_lapses_on_the_database_clock_without_its_owner():
+    assert leases.take("run:a", "owner-1", 0.2)
+    assert not leases.take("run:a", "owner-2", 60)  # live: another owner is refused
+    assert leases.take("run:a", "owner-1", 0.2)  # its owner may take it again
+    time.sleep(0.3)
+    assert leases.live(["run:a"]) == set()
+    assert leases.take("run:a", "owner-2", 60)  # lapsed: anyone may take it
+    assert not leases.renew("run:a", "owner-1", 60)  # and the old owner cannot renew it
+
+
+def test_a_taker_cannot_end_a_live_lease(expired_leases):
+    run = dispatch("expire-leases").run
+    assert leases.take(sync_lease.name(run.pk), "another-host:1:live", 60)
     with transaction.atomic():
-        assert not process_lock.absent_in_transaction(run.pk)
-    owner.close()  # the server releases its locks as the session ends, a moment later
-
-    def proven_absent() -> bool:
-        with transaction.atomic():
-            return process_lock.absent_in_transaction(run.pk)
-
-    wait_for(proven_absent, timeout=10, what="the owner's session to end")
+        assert not sync_lease.lapsed_in_transaction(run.pk)
+    assert sync_lease.alive([run.pk]) == {run.pk}
 
 
-def test_the_owner_cannot_take_its_lease_back_while_a_takeover_commits(expired_leases):
+def test_an_owner_renewing_during_a_takeover_finds_its_lease_gone(expired_leases):
     run = dispatch("expire-leases").run
+    name = sync_lease.name(run.pk)
+    assert leases.take(name, "owner", 60)
+    lapse(name)
     owner = other_session()
-
-    with transaction.atomic():
-        assert process_lock.absent_in_transaction(run.pk)
-        # The owner reconnected and tries for its lease in the middle of the takeover.
-        assert not owner.execute("SELECT pg_try_advisory_lock(%s)",
-                                 [process_lock.key(run.pk)]).fetchone()[0]
-    assert owner.execute("SELECT pg_try_advisory_lock(%s)",
-                         [process_lock.key(run.pk)]).fetchone()[0]
-    owner.close()
-
-
-def test_a_retry_never_closes_the_leased_connection_for_its_age(expired_leases):
-    run = dispatch("expire-leases").run
-    assert process_lock.acquire(run.pk)
     try:
-        connection.close_at = 0  # obsolete: CONN_MAX_AGE would close it now
-        _reset_broken_connection()
-        assert process_lock.held_here(run.pk)
+        owner.execute("SET lock_timeout = '200ms'")  # this test's own session only
+        with transaction.atomic():
+            assert sync_lease.lapsed_in_transaction(run.pk)
+            # The owner wakes up in the middle of the takeover: it waits for the row.
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                owner.execute(f"UPDATE {TABLE} SET expires_at = now() + interval '1 minute' "
+                              "WHERE name = %s AND owner = 'owner'", [name])
+        # Once the takeover commits there is nothing left to renew.
+        renewed = owner.execute(f"UPDATE {TABLE} SET expires_at = now() WHERE name = %s "
+                                "AND owner = 'owner' RETURNING 1", [name]).fetchone()
+        assert renewed is None
     finally:
-        process_lock.release(run.pk)
-    assert not process_lock.leased_here()
+        owner.close()
+
+
+def test_a_chunk_in_progress_keeps_a_takeover_waiting_until_it_commits(settings,
+                                                                      expired_leases):
+    run = in_process_run(settings)
+    chunk = run.chunks.get(chunk_id=1)
+    name = sync_lease.name(run.pk)
+    waited = []
+
+    def takeover_meanwhile():
+        lapse_elsewhere = other_session()
+        try:
+            lapse_elsewhere.execute("SET lock_timeout = '200ms'")
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                lapse_elsewhere.execute(f"DELETE FROM {TABLE} WHERE name = %s", [name])
+            waited.append(True)
+        finally:
+            lapse_elsewhere.close()
+
+    with faults.injected(faults.BEFORE_COMMIT, takeover_meanwhile):
+        apply_chunk(chunk.message, leased=True)
+
+    assert waited == [True]
+    chunk.refresh_from_db()
+    assert chunk.state == Chunk.State.COMMITTED and chunk.rows_deleted == 5
+    sync_lease.release(run.pk)
+
+
+def test_an_owner_that_wakes_after_the_takeover_applies_and_counts_nothing(settings,
+                                                                         expired_leases):
+    run = in_process_run(settings)
+    chunk = run.chunks.get(chunk_id=1)
+    lapse(sync_lease.name(run.pk))  # the owner froze past its lease
+    assert reconcile().taken_over == 1
+
+    with pytest.raises(LeaseLost):
+        apply_chunk(chunk.message, leased=True)
+
+    chunk.refresh_from_db()
+    assert chunk.state == Chunk.State.ENQUEUED  # the workers' now, and untouched
+    # Not even counted as a delivery that started.
+    assert (chunk.rows_deleted, chunk.noop_deliveries, chunk.deliveries) == (0, 0, 0)
+    assert Lease.objects.count() == 5
+    # The workers apply it once.
+    apply_chunk(chunk.message)
+    chunk.refresh_from_db()
+    assert (chunk.state, chunk.rows_deleted) == (Chunk.State.COMMITTED, 5)
 
 
 def test_the_rows_eligible_at_dispatch_are_recorded_once(expired_leases):

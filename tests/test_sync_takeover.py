@@ -1,6 +1,6 @@
-"""A --sync run whose process died is taken over by the workers as soon as that is known:
-its lease is a session lock the database drops with the process's connection, so the
-next scheduled slot, the reconciler or a chunk's top-up hands it to the queue at once,
+"""A --sync run whose process died is taken over by the workers once its lease lapses
+(CLEANUP_SYNC_LEASE_SECONDS after its last chunk began, on the database's clock): the
+next scheduled slot, the reconciler or a chunk's top-up hands it to the queue then,
 and a slot never joins a run that nobody applies."""
 
 from __future__ import annotations
@@ -10,20 +10,20 @@ import subprocess
 import sys
 from datetime import timedelta
 
-import psycopg
 import pytest
 from django.utils import timezone
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
 from cleanup.engine import dispatch as dispatch_module
-from cleanup.engine import process_lock
+from cleanup.engine import leases, sync_lease
 from cleanup.engine.dispatch import dispatch, dispatch_in_process
 from cleanup.engine.reconcile import reconcile
 from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk, Run, Slot
+from cleanup.models import Lease as WorkLease
 from cleanup.scheduling.schedules import dispatch_slot
-from tests.conftest import ROOT, database_url, manage, subprocess_env, wait_for
+from tests.conftest import ROOT, manage, subprocess_env, wait_for
 from tests.engine_app.factories import AccountFactory, LeaseFactory
 from tests.engine_app.models import Lease
 
@@ -41,8 +41,7 @@ def unfinished(run: Run) -> list[Chunk]:
 @pytest.fixture
 def killed_sync(monkeypatch):
     """``killed_sync(n)``: a --sync dispatch whose process dies after applying ``n``
-    chunks. Nothing hands its run over; its lease goes as a dead process's does (the
-    session lock released, as when the connection ends)."""
+    chunks. Nothing hands its run over; its lease is given up on the way out."""
 
     def start(applied: int, **options) -> Run:
         def dies(run, progress=None):
@@ -55,7 +54,7 @@ def killed_sync(monkeypatch):
             with pytest.raises(SystemExit):
                 dispatch_in_process("expire-leases", **options)
         run = Run.objects.filter(in_process=True).get()
-        assert run.state == Run.State.RUNNING and not process_lock.held([run.pk])
+        assert run.state == Run.State.RUNNING and not sync_lease.alive([run.pk])
         return run
 
     return start
@@ -86,29 +85,28 @@ def test_a_slot_takes_over_a_sync_run_whose_process_died_before_joining_it(backl
 
 
 @pytest.mark.django_db
-def test_a_live_sync_process_keeps_its_run_until_its_connection_ends(backlog, killed_sync):
+def test_a_live_sync_process_keeps_its_run_until_its_lease_lapses(backlog, killed_sync):
     run = killed_sync(1)
-    # A process that holds the run's lease: another real session.
-    holder = psycopg.connect(database_url(), autocommit=True)
-    holder.execute("SELECT pg_advisory_lock(%s)", [process_lock.key(run.pk)])
+    # Another process holds the run's lease, unexpired.
+    assert leases.take(sync_lease.name(run.pk), "another-host:4242:live", 3600)
     Chunk.objects.filter(run=run).update(planned_at=LONG_AGO)  # silent for a whole lease
-    try:
-        joined = dispatch_slot("expire-leases", timezone.now().replace(second=0, microsecond=0))
-        assert joined.pk == run.pk
-        result = reconcile()
-        assert (result.taken_over, result.resent) == (0, 0)
-        run.refresh_from_db()
-        assert run.in_process is True and OrmQ.objects.count() == 0
-    finally:
-        holder.close()  # the process dies: PostgreSQL drops its locks with the session
-    wait_for(lambda: not process_lock.held([run.pk]), timeout=10, what="the session to end")
+    joined = dispatch_slot("expire-leases", timezone.now().replace(second=0, microsecond=0))
+    assert joined.pk == run.pk
+    result = reconcile()
+    assert (result.taken_over, result.resent) == (0, 0)
+    run.refresh_from_db()
+    assert run.in_process is True and OrmQ.objects.count() == 0
 
+    # The process froze or died: nothing renews the lease, and its time runs out.
+    WorkLease.objects.filter(name=sync_lease.name(run.pk)).update(
+        expires_at=timezone.now() - timedelta(seconds=1))
     result = reconcile()
 
     assert result.taken_over == 1
     run.refresh_from_db()
     assert run.in_process is False
     assert queued_messages() == [c.message for c in unfinished(run)]
+    assert not WorkLease.objects.filter(name=sync_lease.name(run.pk)).exists()
 
 
 @pytest.mark.django_db
@@ -199,6 +197,8 @@ from cleanup import faults
 # Small chunks of a fixed size, so a backlog of 2,000 leases is 100 chunks.
 LEASES_EXPIRE_CHUNK_SIZE = 20
 CLEANUP_CHUNK_BUDGET_MS = 0
+# A killed --sync process's run is the workers' this long after its last chunk began.
+CLEANUP_SYNC_LEASE_SECONDS = 3
 if os.environ.get("SLOW_CHUNK_SECONDS"):
     # Each chunk waits before it commits, so the test can kill the process mid-run.
     faults.injected(faults.BEFORE_COMMIT,
@@ -238,7 +238,7 @@ def test_a_killed_sync_dispatch_is_handed_to_the_queue_by_the_next_slot_and_fini
     assert run.in_process is True and run.state == Run.State.RUNNING
     assert 5 <= done_when_killed < 100 and OrmQ.objects.count() == 0
     # The database drops the lease with the dead process's session: no clock involved.
-    wait_for(lambda: not process_lock.held([run.pk]), timeout=10, what="the session to end")
+    wait_for(lambda: not sync_lease.alive([run.pk]), timeout=10, what="the session to end")
 
     joined = dispatch_slot("expire-leases", timezone.now().replace(second=0, microsecond=0))
 

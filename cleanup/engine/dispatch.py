@@ -18,7 +18,7 @@ from django.utils import timezone
 from django_q.conf import Conf
 
 from cleanup.cutoffs import frozen_cutoff
-from cleanup.engine import frontier, holds, planning, process_lock, sizing, transitions, window
+from cleanup.engine import frontier, holds, planning, sizing, sync_lease, transitions, window
 from cleanup.engine.in_process import (
     Applied,
     Progress,
@@ -103,7 +103,7 @@ def dispatch_in_process(
     progress: Progress | None = None,
 ) -> DispatchResult:
     """``dispatch``, then apply the run's chunks in this process instead of the queue
-    (``--sync``), under the run's lease (cleanup.engine.process_lock); the run is handed
+    (``--sync``), under the run's lease (cleanup.engine.sync_lease); the run is handed
     to the queue if this process cannot finish it. ``progress(chunks, rows, eligible)``
     is called after each chunk applied."""
     return _dispatch(policy_name, scheme=scheme, cutoff=cutoff, key=key, trigger=trigger,
@@ -160,7 +160,7 @@ def _dispatch(
     run_id = uuid.uuid4()
     # The lease is taken before the run commits, so no session ever sees the run in
     # process with nobody holding it.
-    with process_lock.holding(run_id) if sync else nullcontext():
+    with sync_lease.holding(run_id) if sync else nullcontext():
         try:
             result = _start(policy, run_id, key, cutoff, frozen, scheme, trigger, replay_of,
                             sync=sync, coalesce_within=coalesce_within)
@@ -363,7 +363,7 @@ def _existing(run: Run, request: tuple, *, sync: bool,
 def _finish_here(run: Run, progress: Progress | None) -> Applied | None:
     """Apply what an interrupted --sync run of this key (or the queue) left unfinished,
     unless another live process applies it; None if the run has finished."""
-    if not process_lock.acquire(run.pk):
+    if not sync_lease.acquire(run.pk):
         return Applied(0, rows_changed_by(run), note="another process is applying this run "
                        "(it holds the run's lease); nothing was applied here")
     try:
@@ -371,4 +371,4 @@ def _finish_here(run: Run, progress: Progress | None) -> Applied | None:
             return None
         return apply_in_process(run, progress)
     finally:
-        process_lock.release(run.pk)
+        sync_lease.release(run.pk)

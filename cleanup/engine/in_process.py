@@ -1,10 +1,11 @@
 """Apply a run in its dispatching process (``--sync``), under the run's lease, and hand
 it to the queue when this process cannot finish it.
 
-The lease (cleanup.engine.process_lock) is what tells the workers this process still applies
-the run: while it holds it they leave the run alone; once it is gone they take the run
-over. The process itself hands the run over when it stops short of the end: a chunk
-whose transient error outlasted the in-task retries (the chunk is left to the queue's
+The lease (cleanup.engine.sync_lease) is what tells the workers this process still
+applies the run: while it is live they leave the run alone; once it lapses they take
+the run over, and this process, renewing it in each chunk's transaction, stops. The
+process itself hands the run over when it stops short of the end: a chunk whose
+transient error outlasted the in-task retries (the chunk is left to the queue's
 own retries, like any other delivery), the policy's window held by its other runs, an
 interrupt. So a ``--sync`` run is never left for nobody to finish.
 """
@@ -19,9 +20,9 @@ import structlog
 from django.db.models import Q, Sum
 
 from cleanup.conf import conf
-from cleanup.engine import holds, process_lock, transitions, window
+from cleanup.engine import holds, sync_lease, transitions, window
 from cleanup.engine.worker import TRANSIENT_ERRORS, apply_chunk
-from cleanup.exceptions import cause_of
+from cleanup.exceptions import LeaseLost, cause_of
 from cleanup.models import ROWS_CHANGED, Chunk, Run
 
 log = structlog.get_logger("cleanup.in_process")
@@ -55,11 +56,11 @@ def apply_in_process(run: Run, progress: Progress | None = None) -> Applied:
         while chunk := (run.chunks.filter(state__in=Chunk.UNFINISHED).order_by("chunk_id")
                         .only("pk", "chunk_id", "message").first()):
             if not _still_ours(run):
-                return Applied(applied, rows_changed_by(run), True,
-                               "taken over by the workers: this process had lost its lease "
-                               "on the run (its database connection was replaced)")
+                return _taken_over(run, applied)
             try:
-                apply_chunk(chunk.message)
+                apply_chunk(chunk.message, leased=True)
+            except LeaseLost:
+                return _taken_over(run, applied)
             except TRANSIENT_ERRORS as exc:
                 # apply_chunk left the chunk retrying: from here its retries are the
                 # queue's, as for any delivery that outlasts the in-task ones.
@@ -113,11 +114,16 @@ def _rows_of(chunk: Chunk) -> int:
 
 
 def _still_ours(run: Run) -> bool:
-    """Whether this process still applies the run: it holds the lease (taken again if
-    a reconnect lost it and nobody holds it) and the workers have not taken it over."""
-    if not process_lock.acquire(run.pk):
-        return False
-    return Run.objects.filter(pk=run.pk, in_process=True).exists()
+    """Whether this process still applies the run: its lease is its own (renewed) and
+    the workers have not taken the run over."""
+    return sync_lease.renew(run.pk) and Run.objects.filter(pk=run.pk, in_process=True).exists()
+
+
+def _taken_over(run: Run, applied: int) -> Applied:
+    return Applied(applied, rows_changed_by(run), True,
+                   "taken over by the workers: this process's lease on the run lapsed "
+                   f"(not renewed within {conf.SYNC_LEASE_SECONDS} s: frozen, or cut off "
+                   "from the database)")
 
 
 def _give_up(run: Run, reason: str) -> None:

@@ -10,14 +10,15 @@ planned it, with another broker it is sent after that commit (and the reconciler
 sends one that a crash in between left planned).
 
 A run its dispatching process applies (``--sync``) plans its chunks without sending
-them. Its process holds a lease on it (cleanup.engine.process_lock); once the lease is gone
-(the process died), whoever looks first hands the run to the queue: its unfinished
-chunks are sent and the window goes on as for any other run.
+them. Its process holds a lease on it (cleanup.engine.sync_lease); once the lease lapses
+(the process died, froze or lost the database), whoever looks first hands the run to
+the queue: its unfinished chunks are sent and the window goes on as for any other run.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 
 import structlog
 from django.db import connection, transaction
@@ -29,11 +30,12 @@ from cleanup.conf import conf
 from cleanup.engine import (
     frontier,
     holds,
+    leases,
     messages,
     planning,
     pressure,
-    process_lock,
     sizing,
+    sync_lease,
     transitions,
     transport,
 )
@@ -152,16 +154,16 @@ def take_over_abandoned(policy_name: str) -> list:
 def _take_over(policy_name: str, in_process: list) -> list:
     if not in_process:
         return []
-    # The lease is the process's own session lock: gone the moment that session ends.
-    alive = process_lock.held(in_process)
+    alive = sync_lease.alive(in_process)
     taken = []
     for run_id in in_process:
         if run_id in alive:
             continue
         try:
             with transaction.atomic():
-                # Proven again under a lock the owner cannot take back meanwhile.
-                if process_lock.absent_in_transaction(run_id) and _to_queue(run_id):
+                # Ended under the lease row's lock: an owner renewing meanwhile waits,
+                # then finds it gone.
+                if sync_lease.lapsed_in_transaction(run_id) and _to_queue(run_id):
                     taken.append(run_id)
         except Exception as exc:  # noqa: BLE001 - the next noticer tries again
             log.error("taking over an abandoned in-process run failed", policy=policy_name,
@@ -169,7 +171,7 @@ def _take_over(policy_name: str, in_process: list) -> list:
             continue
         log.warning("in-process run taken over by the workers", policy=policy_name,
                     run_id=str(run_id),
-                    reason="its --sync process is gone: the lease it held was released")
+                    reason="its --sync process is gone: its lease lapsed")
     return taken
 
 
@@ -261,18 +263,26 @@ RECHECK_TASK = "cleanup.tasks.recheck_pressure"
 # the queue's timeout), and never more often than every MIN_RECHECK_SECONDS.
 RECHECK_FOR_SECONDS = 60
 MIN_RECHECK_SECONDS = 0.5
+# Its lease outlasts one look by this much: a recheck task killed mid-way holds the
+# policy's rechecks back no longer than that.
+RECHECK_LEASE_MARGIN_SECONDS = 30
 
 
 def recheck(policy_name: str) -> int:
     """Read a held policy's pressure again every ``CLEANUP_PRESSURE_CHECK_SECONDS`` and
     top its window up once the hold clears; return the chunks then planned. A task at
-    a time per policy; one still held after ``RECHECK_FOR_SECONDS`` sends its successor."""
-    if not recheck_lock(policy_name):
+    a time per policy (under a lease); one still held after ``RECHECK_FOR_SECONDS``
+    sends its successor."""
+    interval = max(float(conf.PRESSURE_CHECK_SECONDS), MIN_RECHECK_SECONDS)
+    lease, owner = _recheck_lease(policy_name), f"{leases.this_process()}:{uuid.uuid4().hex[:8]}"
+    if not leases.take(lease, owner, interval + RECHECK_LEASE_MARGIN_SECONDS):
         return 0  # another worker is at it
     try:
         deadline = time.monotonic() + RECHECK_FOR_SECONDS
         while time.monotonic() < deadline:
-            time.sleep(max(float(conf.PRESSURE_CHECK_SECONDS), MIN_RECHECK_SECONDS))
+            time.sleep(interval)
+            if not leases.renew(lease, owner, interval + RECHECK_LEASE_MARGIN_SECONDS):
+                return 0  # lapsed while this worker was stopped: another took over
             pressure.forget(policy_name)
             with transaction.atomic():
                 planned = top_up(policy_name, recheck=False)
@@ -281,7 +291,7 @@ def recheck(policy_name: str) -> int:
             if not held:
                 return planned
     finally:
-        recheck_unlock(policy_name)
+        leases.release(lease, owner)
     async_task(RECHECK_TASK, policy_name)
     return 0
 
@@ -289,7 +299,7 @@ def recheck(policy_name: str) -> int:
 def recheck_later(policy_name: str) -> None:
     """Have a worker read the held policy's pressure again until it clears (and plan
     then), unless one is at it already; sent with this transaction (ORM broker) or after."""
-    if not recheck_lock(policy_name, probe=True):
+    if leases.live([_recheck_lease(policy_name)]):
         return
     if transport.queue_shares_transaction():
         async_task(RECHECK_TASK, policy_name)
@@ -297,19 +307,5 @@ def recheck_later(policy_name: str) -> None:
         transaction.on_commit(lambda: async_task(RECHECK_TASK, policy_name))
 
 
-def recheck_lock(policy_name: str, *, probe: bool = False) -> bool:
-    """Take the session's lock on rechecking the policy (at most one recheck task at a
-    time); with ``probe``, only see whether it is free."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
-                       [f"cleanup:recheck:{policy_name}"])
-        (taken,) = cursor.fetchone()
-        if taken and probe:
-            recheck_unlock(policy_name)
-    return bool(taken)
-
-
-def recheck_unlock(policy_name: str) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))",
-                       [f"cleanup:recheck:{policy_name}"])
+def _recheck_lease(policy_name: str) -> str:
+    return f"recheck:{policy_name}"

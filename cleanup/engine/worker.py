@@ -15,10 +15,10 @@ from django.utils import timezone
 
 from cleanup import faults
 from cleanup.conf import conf
-from cleanup.engine import cpu_wait, messages, orphans, outcomes, process_lock, transitions
+from cleanup.engine import cpu_wait, messages, orphans, outcomes, sync_lease, transitions
 from cleanup.engine.messages import ChunkMessage
 from cleanup.engine.pressure import CHUNK_APPLICATION_NAME
-from cleanup.exceptions import MalformedMessage, UnknownPolicy, traceback_of
+from cleanup.exceptions import LeaseLost, MalformedMessage, UnknownPolicy, traceback_of
 from cleanup.expressions import PairsIn
 from cleanup.models import Chunk, Run
 from cleanup.policies import Policy, get_policy
@@ -37,11 +37,13 @@ class Outcome(StrEnum):
     DEAD_LETTERED = "dead_lettered"
 
 
-def apply_chunk(raw) -> Outcome:
+def apply_chunk(raw, *, leased: bool = False) -> Outcome:
     """Apply one delivery of a chunk message and return its outcome.
 
     Returns only after the outcome committed. A transient error that outlasts the
-    in-task retries is re-raised, so the broker delivers the message again.
+    in-task retries is re-raised, so the broker delivers the message again. ``leased``:
+    this process applies the run under its ``--sync`` lease, renewed in the chunk's
+    transaction; ``LeaseLost`` if the run was taken over (nothing applied here).
     """
     try:
         message = messages.parse(raw)
@@ -49,6 +51,8 @@ def apply_chunk(raw) -> Outcome:
     except (MalformedMessage, UnknownPolicy) as exc:
         return _dead_letter_message(raw, exc)
 
+    if leased and not sync_lease.renew(message.run_id):
+        raise LeaseLost(f"run {message.run_id} was taken over by the workers")
     chunk = _start_delivery(raw, message, policy)
     if chunk is None or chunk.state == Chunk.State.DEAD_LETTERED:
         return Outcome.DEAD_LETTERED
@@ -56,7 +60,9 @@ def apply_chunk(raw) -> Outcome:
     retries = 0
     while True:
         try:
-            return _apply(chunk, message, policy, retries)
+            return _apply(chunk, message, policy, retries, leased=leased)
+        except LeaseLost:
+            raise
         except TRANSIENT_ERRORS as exc:
             _reset_broken_connection()
             if retries >= conf.TRANSIENT_RETRIES:
@@ -85,10 +91,13 @@ def chunk_statement(policy: Policy, message: ChunkMessage, frozen: dict[str, dat
     return rows.filter(**partition, pk__gte=message.start_id, pk__lt=message.end_id)
 
 
-def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int) -> Outcome:
+def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int, *,
+           leased: bool = False) -> Outcome:
     started, waited = time.monotonic(), cpu_wait.waited()
     with transaction.atomic():
-        _set_lock_timeout()
+        bound_transaction(chunk_session=True)
+        if leased and not sync_lease.renew(chunk.run_id):
+            raise LeaseLost(f"run {chunk.run_id} was taken over by the workers")
         faults.reach(faults.BEFORE_CHUNK_LOCK)
         # Not the message: the delivery's start already compared it with the ledger.
         current = (
@@ -171,6 +180,7 @@ def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
     its trace: deliveries started minus completed is what django-q2 cannot count.
     """
     with transaction.atomic():
+        bound_transaction()
         chunk = (
             Chunk.objects.select_for_update(of=("self",))
             .select_related("run")
@@ -276,27 +286,31 @@ def _dead_letter_message(raw, exc: Exception) -> Outcome:
     return Outcome.DEAD_LETTERED
 
 
-def _set_lock_timeout() -> None:
-    """The chunk transaction's lock timeout, and its name: the lock-waits indicator
-    (cleanup.engine.pressure) tells the sessions a chunk makes wait by it."""
+# What bounds a chunk's transaction, set for the transaction only (a pooled server
+# connection keeps none of it): a lock wait, a statement, and time idle in it.
+_BOUNDS = ("SELECT set_config('lock_timeout', %s, true), "
+           "set_config('statement_timeout', %s, true), "
+           "set_config('idle_in_transaction_session_timeout', %s, true)")
+# ... and its name: the lock-waits indicator (cleanup.engine.pressure) tells the
+# sessions a chunk makes wait by it.
+_NAMED = f"{_BOUNDS}, set_config('application_name', %s, true)"
+
+
+def bound_transaction(*, chunk_session: bool = False) -> None:
+    """Bound how long the transaction may wait for a lock, run a statement and sit
+    idle: a frozen or cut-off process loses its session, so its locks, after the last.
+    ``chunk_session``: name it as a chunk's, for the lock-waits indicator."""
+    bounds = [f"{conf.LOCK_TIMEOUT_MS}ms", f"{conf.STATEMENT_TIMEOUT_MS}ms",
+              f"{conf.IDLE_IN_TRANSACTION_TIMEOUT_MS}ms"]
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT set_config('lock_timeout', %s, true), "
-            "set_config('application_name', %s, true)",
-            [f"{conf.LOCK_TIMEOUT_MS}ms", CHUNK_APPLICATION_NAME],
-        )
+        if chunk_session:
+            cursor.execute(_NAMED, [*bounds, CHUNK_APPLICATION_NAME])
+        else:
+            cursor.execute(_BOUNDS, bounds)
 
 
 def _reset_broken_connection() -> None:
     """Drop a connection the error left unusable, so the next attempt reconnects."""
     if connection.in_atomic_block:
         return
-    if process_lock.leased_here():
-        # It holds a --sync run's lease: closed only if broken (the lease is gone with
-        # it then), never for its age, which would give the run up to the workers.
-        if connection.connection is not None and not connection.is_usable():
-            connection.close()
-        return
     connection.close_if_unusable_or_obsolete()
-
-

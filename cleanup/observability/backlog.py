@@ -29,7 +29,7 @@ from math import inf
 from operator import or_
 from typing import TypeVar
 
-from django.db import DatabaseError, OperationalError, connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import BooleanField, Count, ExpressionWrapper, Min, Q, QuerySet
 from django.db.models.expressions import RawSQL
 from psycopg.errors import QueryCanceled
@@ -79,45 +79,28 @@ def backlog(policy: Policy, frozen: dict[str, datetime]) -> Backlog:
 
 
 class Budget:
-    """Statements run through ``read()`` inside the block are cancelled after
-    ``budget_ms``; ``read()`` then returns None.
+    """Statements run through ``read()`` are cancelled after ``budget_ms``; ``read()``
+    then returns None.
 
-    Outside a transaction the limit is set once for the connection and put back on
-    the way out (a connection that cannot be put back is closed, never reused with
-    the limit); inside one, each statement gets a savepoint of its own.
+    Each statement runs in a transaction (or a savepoint) of its own with the limit
+    set locally: never set on the session, which a transaction pooler would hand, with
+    the limit still on it, to another client.
     """
 
     def __init__(self, budget_ms: int = BUDGET_MS):
         self.budget_ms = budget_ms
-        self._previous: str | None = None  # the connection's own limit, while replaced
-
-    def __enter__(self) -> Budget:
-        if not connection.in_atomic_block:
-            with connection.cursor() as cursor:
-                self._previous = _set_timeout(cursor, f"{self.budget_ms}ms", local=False)
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        if self._previous is None:
-            return
-        try:
-            with connection.cursor() as cursor:
-                _set_timeout(cursor, self._previous, local=False)
-        except DatabaseError:
-            connection.close()
-        self._previous = None
 
     def read(self, statement: Callable[[], T]) -> T | None:
         """Run ``statement``; None if the database cancelled it past the budget."""
+        nested = connection.in_atomic_block
         try:
-            if self._previous is not None:  # the connection carries the limit
-                return statement()
             with transaction.atomic(), connection.cursor() as cursor:
-                previous = _set_timeout(cursor, f"{self.budget_ms}ms", local=True)
+                previous = _set_timeout(cursor, f"{self.budget_ms}ms")
                 result = statement()
-                # A savepoint released keeps a SET LOCAL to the end of the outer
-                # transaction (a test's, or a caller's): put it back by hand.
-                _set_timeout(cursor, previous, local=True)
+                if nested:
+                    # A savepoint released keeps a SET LOCAL to the end of the outer
+                    # transaction (a test's, or a caller's): put it back by hand.
+                    _set_timeout(cursor, previous)
                 return result
         except OperationalError as exc:
             if isinstance(exc.__cause__, QueryCanceled):
@@ -218,10 +201,10 @@ def _oldest(rows: QuerySet, field: str) -> datetime | None:
     return rows.aggregate(oldest=Clamped(Min(field)))["oldest"]
 
 
-def _set_timeout(cursor, value: str, *, local: bool) -> str:
-    """Set statement_timeout; return the value it had."""
+def _set_timeout(cursor, value: str) -> str:
+    """Set statement_timeout for the transaction; return the value it had."""
     cursor.execute("SELECT current_setting('statement_timeout'), "
-                   "set_config('statement_timeout', %s, %s)", [value, local])
+                   "set_config('statement_timeout', %s, true)", [value])
     return cursor.fetchone()[0]
 
 

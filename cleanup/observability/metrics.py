@@ -232,8 +232,7 @@ class LedgerCollector:
         in_flight = _chunks_in_flight(now)
         policies = all_policies()
         schedules = schedule_statuses(policies, now)
-        with Budget() as budget:
-            backlog = backlogs(policies, now, budget)
+        backlog = backlogs(policies, now, Budget())
         for policy in policies:
             label = [policy.name]
             rows = backlog[policy.name]

@@ -1,5 +1,5 @@
-"""The cleanup ledger: runs, their chunks, messages that named no chunk, the schedule
-slots that fired, worker heartbeats, counter totals and the policies' holds."""
+"""The ledger: runs, their chunks, messages that named no chunk, the schedule slots
+that fired and the counters' totals."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.db import models
 from django.utils import timezone
 
 from cleanup.display import short_id
-from cleanup.expressions import MessageField  # migrations name it cleanup.models.MessageField
+from cleanup.expressions import MessageField
 
 # What chunks' statements changed, whichever their policy's mutation: rows deleted, or
 # updated. The one definition, as an expression over chunk rows and over sums of them.
@@ -157,8 +157,7 @@ class Chunk(models.Model):
     # DO_NOTHING keeps the run purge a single DELETE; the database constraint still
     # refuses to delete a run whose chunks remain (they are purged first).
     run = models.ForeignKey(Run, on_delete=models.DO_NOTHING, related_name="chunks")
-    # The chunk's number within its run: the message's chunk_id, the commands' --chunk
-    # ID, the admin's #12.
+    # The message's chunk_id, the commands' --chunk ID, the admin's #12.
     chunk_id = models.PositiveIntegerField(help_text="The chunk's id within its run (#12).")
     state = models.CharField(max_length=16, choices=State.choices, default=State.PLANNED)
     message = MessageField(help_text="The message exactly as sent.")
@@ -333,27 +332,6 @@ class CleanupOverview(Run):
         verbose_name_plural = "Cleanup overview"
 
 
-class WorkerHeartbeat(models.Model):
-    """The last time a worker of a cluster ran the heartbeat task.
-
-    The heartbeat travels through the queue like any task, so a cluster that has
-    stopped taking work stops beating, while an idle one keeps beating.
-    """
-
-    host = models.CharField(max_length=255)
-    cluster = models.CharField(max_length=100)
-    pid = models.PositiveIntegerField()
-    beat_at = models.DateTimeField()
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["host", "cluster"], name="heartbeat_unique_cluster")
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.cluster}@{self.host}"
-
-
 class LedgerTotal(models.Model):
     """Counter sums of ledger rows that a retention purge deleted, so /metrics
     counters keep adding after the rows are gone, and of folded chunks (with their
@@ -370,30 +348,3 @@ class LedgerTotal(models.Model):
 
     def __str__(self) -> str:
         return f"{self.policy} {self.key} = {self.value}"
-
-
-class Hold(models.Model):
-    """A time a policy planned and sent nothing new: paused by an operator. Open while
-    ``ended_at`` is empty; chunks in flight finish meanwhile, and runs stay running."""
-
-    PAUSED = "paused"
-
-    policy = models.CharField(max_length=100)
-    reason = models.CharField(max_length=64)  # "paused"
-    detail = models.TextField(blank=True)  # why, in words: the operator's reason
-    value = models.FloatField(null=True, blank=True)  # a measured pressure, and its limit
-    limit = models.FloatField(null=True, blank=True)
-    actor = models.CharField(max_length=150, blank=True)  # who began it
-    began_at = models.DateTimeField(default=timezone.now)
-    ended_at = models.DateTimeField(null=True, blank=True)
-    ended_by = models.CharField(max_length=150, blank=True)
-
-    class Meta:
-        ordering = ["-began_at"]
-        # Its index also finds a policy's open holds (policy leads).
-        constraints = [models.UniqueConstraint(
-            fields=["policy", "reason"], condition=models.Q(ended_at__isnull=True),
-            name="hold_one_open_per_reason")]
-
-    def __str__(self) -> str:
-        return f"{self.policy} {self.reason} since {self.began_at:%Y-%m-%d %H:%M:%S}"

@@ -1,0 +1,69 @@
+"""What coordinates the engine's processes: the workers' heartbeats, the policies'
+holds and the leases on work."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+
+class WorkerHeartbeat(models.Model):
+    """The last time a worker of a cluster ran the heartbeat task.
+
+    The heartbeat travels through the queue like any task, so a cluster that has
+    stopped taking work stops beating, while an idle one keeps beating.
+    """
+
+    host = models.CharField(max_length=255)
+    cluster = models.CharField(max_length=100)
+    pid = models.PositiveIntegerField()
+    beat_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["host", "cluster"], name="heartbeat_unique_cluster")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster}@{self.host}"
+
+
+class Hold(models.Model):
+    """A time a policy planned and sent nothing new: paused by an operator. Open while
+    ``ended_at`` is empty; chunks in flight finish meanwhile, and runs stay running."""
+
+    PAUSED = "paused"
+
+    policy = models.CharField(max_length=100)
+    reason = models.CharField(max_length=64)  # "paused"
+    detail = models.TextField(blank=True)  # why, in words: the operator's reason
+    value = models.FloatField(null=True, blank=True)  # a measured pressure, and its limit
+    limit = models.FloatField(null=True, blank=True)
+    actor = models.CharField(max_length=150, blank=True)  # who began it
+    began_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    ended_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        ordering = ["-began_at"]
+        # Its index also finds a policy's open holds (policy leads).
+        constraints = [models.UniqueConstraint(
+            fields=["policy", "reason"], condition=models.Q(ended_at__isnull=True),
+            name="hold_one_open_per_reason")]
+
+    def __str__(self) -> str:
+        return f"{self.policy} {self.reason} since {self.began_at:%Y-%m-%d %H:%M:%S}"
+
+
+class Lease(models.Model):
+    """A claim on work that lapses on the database's clock unless its owner renews it
+    (cleanup.engine.leases): a row, never a session lock, which a pooler's server
+    connection would keep past a dead or frozen owner."""
+
+    name = models.CharField(max_length=200, primary_key=True)  # run:<id>, recheck:<policy>
+    owner = models.CharField(max_length=200)  # host:pid:token of the process
+    taken_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} held by {self.owner} until {self.expires_at:%H:%M:%S}"
