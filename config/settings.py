@@ -127,7 +127,7 @@ if os.environ.get("DATABASE_URL", "").strip():
             f"DATABASE_URL cannot be read ({exc}); expected postgres://user@host:port/name"
         ) from None
 else:
-    _database = embedded_database(BASE_DIR / ".data" / "postgres")
+    _database = embedded_database(BASE_DIR / ".data")
 # Persistent connections with health checks, and no psycopg pool: qcluster forks its
 # workers, and a pool inherited across fork hands one socket to several processes.
 _database.update(CONN_MAX_AGE=60, CONN_HEALTH_CHECKS=True)

@@ -142,3 +142,27 @@ def test_the_rows_eligible_at_dispatch_are_recorded_once(expired_leases):
     assert not transitions.record_eligible(run.pk, 99)
     run.refresh_from_db()
     assert run.eligible_at_dispatch == 5
+
+
+def test_a_worker_that_froze_mid_chunk_loses_its_session_and_the_chunk_is_retried(
+        settings, expired_leases):
+    """The server ends a chunk's transaction left idle past its bound (a frozen worker),
+    releasing its rows; the worker, waking up, retries on a new connection: the chunk
+    commits once and is never dead-lettered for it."""
+    settings.CLEANUP_IDLE_IN_TRANSACTION_TIMEOUT_MS = 300
+    run = dispatch("expire-leases").run
+    chunk = run.chunks.get(chunk_id=1)
+    froze = []
+
+    def freeze_once():
+        if not froze:
+            froze.append(True)
+            time.sleep(1)  # idle in the transaction, past its 300 ms
+
+    with faults.injected(faults.BEFORE_COMMIT, freeze_once):
+        apply_chunk(chunk.message)
+
+    chunk.refresh_from_db()
+    assert (chunk.state, chunk.rows_deleted, chunk.transient_retries) == (
+        Chunk.State.COMMITTED, 5, 1)
+    assert Lease.objects.count() == 0

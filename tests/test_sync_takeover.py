@@ -201,8 +201,11 @@ CLEANUP_CHUNK_BUDGET_MS = 0
 CLEANUP_SYNC_LEASE_SECONDS = 3
 if os.environ.get("SLOW_CHUNK_SECONDS"):
     # Each chunk waits before it commits, so the test can kill the process mid-run.
-    faults.injected(faults.BEFORE_COMMIT,
-                    lambda: time.sleep(float(os.environ["SLOW_CHUNK_SECONDS"]))).__enter__()
+    # Kept referenced: a context manager left to the garbage collector would close,
+    # and take its fault out again.
+    _slow = faults.injected(faults.BEFORE_COMMIT,
+                            lambda: time.sleep(float(os.environ["SLOW_CHUNK_SECONDS"])))
+    _slow.__enter__()
 """
 QCLUSTER_ENV = {"Q_TIMEOUT": "4", "Q_RETRY": "6", "Q_POLL": "0.1", "Q_WORKERS": "2"}
 

@@ -21,7 +21,7 @@ from django.db.models import Q, Sum
 
 from cleanup.conf import conf
 from cleanup.engine import holds, sync_lease, transitions, window
-from cleanup.engine.worker import TRANSIENT_ERRORS, apply_chunk
+from cleanup.engine.worker import apply_chunk, transient
 from cleanup.exceptions import LeaseLost, cause_of
 from cleanup.models import ROWS_CHANGED, Chunk, Run
 
@@ -61,7 +61,9 @@ def apply_in_process(run: Run, progress: Progress | None = None) -> Applied:
                 apply_chunk(chunk.message, leased=True)
             except LeaseLost:
                 return _taken_over(run, applied)
-            except TRANSIENT_ERRORS as exc:
+            except Exception as exc:
+                if not transient(exc):
+                    raise
                 # apply_chunk left the chunk retrying: from here its retries are the
                 # queue's, as for any delivery that outlasts the in-task ones.
                 cause = cause_of("".join(traceback.format_exception_only(exc)))

@@ -6,11 +6,13 @@ import json
 import logging
 import random
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from enum import StrEnum
 
 import structlog
-from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from cleanup import faults
@@ -26,8 +28,44 @@ from cleanup.policies import Policy, get_policy
 log = structlog.get_logger("cleanup.worker")
 
 # Deadlocks, lock and statement timeouts, serialization failures and dropped
-# connections all surface as one of these; each can succeed when tried again.
+# connections mostly surface as one of these; each can succeed when tried again.
 TRANSIENT_ERRORS = (OperationalError, InterfaceError)
+# ... and these SQLSTATEs, whatever class the driver gives them: the server ended the
+# session (an idle transaction past its timeout is an InternalError, 25P03; a shutdown
+# or an operator's pg_terminate_backend, 57P0x), or the connection failed (08xxx).
+# A process that froze mid-chunk wakes up to one of them: its chunk is redelivered,
+# never dead-lettered for it.
+SESSION_ENDED = ("25P03", "57P01", "57P02", "57P03")
+
+
+class CommitFailed(OperationalError):
+    """A chunk's COMMIT failed without the server saying why: whether it committed is
+    unknown, so it is tried again (its predicate makes a second try safe). Behind a
+    pooler, a session the server ended while it sat idle reports itself only so."""
+
+
+@contextmanager
+def _chunk_transaction() -> Iterator[None]:
+    """A transaction whose COMMIT failing with no SQLSTATE is a ``CommitFailed``; one
+    the server refused for a reason (a deferred constraint) stays what it is."""
+    body_done = False
+    try:
+        with transaction.atomic():
+            yield
+            body_done = True
+    except DatabaseError as exc:
+        said = getattr(exc.__cause__, "sqlstate", None)
+        if body_done and not said and not isinstance(exc, TRANSIENT_ERRORS):
+            raise CommitFailed(f"the chunk's commit failed: {exc}") from exc
+        raise
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether another attempt, on a new connection if need be, may succeed."""
+    if isinstance(exc, TRANSIENT_ERRORS):
+        return True
+    state = getattr(exc.__cause__, "sqlstate", None) or ""
+    return state in SESSION_ENDED or state.startswith("08")
 
 
 class Outcome(StrEnum):
@@ -63,19 +101,18 @@ def apply_chunk(raw, *, leased: bool = False) -> Outcome:
             return _apply(chunk, message, policy, retries, leased=leased)
         except LeaseLost:
             raise
-        except TRANSIENT_ERRORS as exc:
+        except Exception as exc:
             _reset_broken_connection()
+            if not transient(exc):
+                # Deterministic (a bug, a predicate the database rejects): another
+                # delivery would fail the same way.
+                outcomes.dead_letter(chunk, traceback_of(exc), Chunk.FailureClass.ERROR)
+                return Outcome.DEAD_LETTERED
             if retries >= conf.TRANSIENT_RETRIES:
                 _record_failure(chunk, exc, retries)
                 raise
             retries += 1
             time.sleep(conf.TRANSIENT_BACKOFF * 2 ** (retries - 1) * random.uniform(0.5, 1.5))
-        except Exception as exc:
-            # Anything else is deterministic (a bug, a predicate the database rejects):
-            # another delivery would fail the same way.
-            _reset_broken_connection()
-            outcomes.dead_letter(chunk, traceback_of(exc), Chunk.FailureClass.ERROR)
-            return Outcome.DEAD_LETTERED
 
 
 def chunk_statement(policy: Policy, message: ChunkMessage, frozen: dict[str, datetime]):
@@ -94,7 +131,7 @@ def chunk_statement(policy: Policy, message: ChunkMessage, frozen: dict[str, dat
 def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int, *,
            leased: bool = False) -> Outcome:
     started, waited = time.monotonic(), cpu_wait.waited()
-    with transaction.atomic():
+    with _chunk_transaction():
         bound_transaction(chunk_session=True)
         if leased and not sync_lease.renew(chunk.run_id):
             raise LeaseLost(f"run {chunk.run_id} was taken over by the workers")
