@@ -134,6 +134,12 @@ class Settings:
         return self._read("HEARTBEAT_STALE_SECONDS", 180)
 
     @property
+    def NODE_NAME(self) -> str:
+        """What this host's clusters are called in heartbeats (the overview, /health);
+        empty: the machine's host name. Set it where several clusters share a machine."""
+        return self._read("NODE_NAME", "")
+
+    @property
     def LEDGER_RETENTION_DAYS(self) -> int:
         """Finished chunks and slots older than this are purged by the engine's own
         policies, their runs a day later."""

@@ -1,5 +1,5 @@
-"""django-q2 signals: the broker's acknowledgement of a chunk, and the scheduler's
-firing of a slot."""
+"""django-q2 signals: the broker's acknowledgement of a chunk, a cluster's heartbeat
+after its tasks, and the scheduler's firing of a slot."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from django_q.signals import post_execute, pre_enqueue
 
 from cleanup.engine import messages, transitions
 from cleanup.engine.transport import CHUNK_TASK
+from cleanup.observability import health
 from cleanup.scheduling import triggers
 from cleanup.scheduling.schedules import DISPATCH_TASK
 
@@ -38,6 +39,17 @@ def record_acknowledgement(sender, task, **kwargs) -> None:
         # chunk stays committed, which reads as "awaiting acknowledgement".
         log.warning("acknowledgement not recorded", run_id=run_id, chunk_id=chunk_id,
                     error=str(exc))
+
+
+@receiver(post_execute, dispatch_uid="cleanup.record_cluster_beat")
+def record_cluster_beat(sender, task, **kwargs) -> None:
+    """Have the cluster that ran a task beat now and then (its monitor records it), so
+    every cluster taking work shows, whichever took the scheduled heartbeat."""
+    try:
+        health.beat_after_a_task()
+    except DatabaseError as exc:
+        # In django-q2's monitor loop: an error here must not stop it.
+        log.warning("heartbeat not recorded", error=str(exc))
 
 
 @receiver(pre_enqueue, dispatch_uid="cleanup.record_slot_fired")

@@ -161,6 +161,11 @@ SETTING_RULES = (
          "List the host's own indicators, e.g. ['myproject.pressure.batch_window']; each "
          "takes (policy, connection) and returns a cleanup.engine.pressure.Signal.",
          lambda value: indicator_paths(value)),
+    Rule("NODE_NAME", "cleanup.E029", "a string of at most 255 characters, without "
+         "surrounding whitespace",
+         "Name this host's clusters as the overview and /health should show them, e.g. "
+         "'worker-2', or '' for the machine's host name.",
+         lambda value: isinstance(value, str) and value == value.strip() and len(value) <= 255),
     Rule("METRICS_TOKEN", "cleanup.E021", "a string without surrounding whitespace",
          "Set the bearer token Prometheus sends in its Authorization header, or '' for none. "
          "HTTP drops the whitespace around a header's value, so such a token never matches.",

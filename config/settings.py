@@ -213,6 +213,8 @@ CLEANUP_STATEMENT_TIMEOUT_MS = _env_number("CLEANUP_STATEMENT_TIMEOUT_MS", 30_00
 CLEANUP_IDLE_IN_TRANSACTION_TIMEOUT_MS = _env_number(
     "CLEANUP_IDLE_IN_TRANSACTION_TIMEOUT_MS", 5_000, int)
 CLEANUP_SYNC_LEASE_SECONDS = _env_number("CLEANUP_SYNC_LEASE_SECONDS", 30)
+# What this host's clusters are called on the overview and /health (empty: the host name).
+CLEANUP_NODE_NAME = os.environ.get("CLEANUP_NODE_NAME", "").strip()
 
 Q_CLUSTER = {
     "name": os.environ.get("Q_CLUSTER_QUEUE", "cleanup"),

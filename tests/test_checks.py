@@ -49,6 +49,7 @@ CHECKED_BY = {
     "STATEMENT_TIMEOUT_MS": "cleanup.E027",
     "IDLE_IN_TRANSACTION_TIMEOUT_MS": "cleanup.E027",
     "SYNC_LEASE_SECONDS": "cleanup.E028",
+    "NODE_NAME": "cleanup.E029",
 }
 
 

@@ -87,3 +87,27 @@ def test_a_heartbeat_stale_by_the_databases_clock_is_503(client):
     assert client.get("/health").status_code == 503
     age = value(scrape(client), "cleanup_heartbeat_age_seconds", **THIS_CLUSTER)
     assert age == pytest.approx(600, abs=2)
+
+
+def test_two_clusters_on_one_machine_beat_under_their_own_node_names(settings):
+    for node in ("host-a", "host-b"):
+        settings.CLEANUP_NODE_NAME = node
+        beat()
+    assert sorted(WorkerHeartbeat.objects.values_list("host", flat=True)) == [
+        "host-a", "host-b"]
+
+
+def test_a_cluster_beats_after_its_tasks_at_most_every_fifteen_seconds(monkeypatch):
+    from django.test.utils import CaptureQueriesContext
+
+    monkeypatch.setattr(health, "_last_beat", -math.inf)
+    with CaptureQueriesContext(connection) as first:
+        health.beat_after_a_task()
+    with CaptureQueriesContext(connection) as soon_after:
+        health.beat_after_a_task()
+    monkeypatch.setattr(health, "_last_beat", health._last_beat - health.BEAT_AFTER_TASKS_SECONDS)
+    with CaptureQueriesContext(connection) as later:
+        health.beat_after_a_task()
+
+    assert WorkerHeartbeat.objects.filter(**THIS_CLUSTER).count() == 1
+    assert (len(first) > 0, len(soon_after), len(later) > 0) == (True, 0, True)

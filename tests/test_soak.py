@@ -47,6 +47,29 @@ def test_short_soak_with_the_orm_broker():
     assert reminders["renewed_while_falling_due"] > 0
 
 
+@pytest.mark.pooler
+def test_short_soak_with_one_cluster_behind_a_transaction_pooler():
+    """host-b's cluster connects through a real PgBouncer in transaction mode (a small
+    pool, other clients churning through it), host-a's directly: SIGKILLed workers,
+    terminated connections and restarts lose nothing, and no session-level lock is left
+    on a pooled server connection."""
+    from django.db import connection
+
+    from tests.pooler import Churn, pooler_advisory_locks, session_level_locks, started
+
+    name = connection.settings_dict["NAME"]
+    with started(pool_size=4) as pooler, Churn(pooler, name, clients=4, max_seconds=600):
+        report = soak(SOAK_POOLER_URL=pooler.url_for(name))
+        direct = pooler.direct_url(name)
+        assert pooler_advisory_locks(pooler, direct) == []
+        assert session_level_locks(direct, name) == []
+    figures = report["figures"]
+    assert figures["host_b_database"] == "through a pooler"
+    assert figures["clusters_beating"] == ["host-a", "host-b"]
+    assert figures["renewed_or_confirmed_then_deleted"] == 0
+    assert figures["holds_deleted_ledger"] == figures["holds_actually_gone"] > 0
+
+
 def test_short_soak_with_the_redis_broker():
     url = "redis://127.0.0.1:6379/14"
     redis.from_url(url).flushdb()

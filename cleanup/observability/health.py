@@ -8,8 +8,10 @@ in the future (by an older worker, or by hand) proves nothing and counts as stal
 
 from __future__ import annotations
 
+import math
 import os
 import socket
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -45,7 +47,7 @@ class Heartbeat:
 
 def beat() -> WorkerHeartbeat:
     """Record, at the database's now(), that a worker of this cluster just ran a task."""
-    host, cluster, pid = socket.gethostname(), Conf.CLUSTER_NAME, os.getpid()
+    host, cluster, pid = conf.NODE_NAME or socket.gethostname(), Conf.CLUSTER_NAME, os.getpid()
     beats = WorkerHeartbeat.objects.filter(host=host, cluster=cluster)
     if not beats.update(pid=pid, beat_at=Now()):
         try:
@@ -55,6 +57,22 @@ def beat() -> WorkerHeartbeat:
         except IntegrityError:  # another worker of the cluster beat first
             beats.update(pid=pid, beat_at=Now())
     return beats.get()
+
+
+# A cluster's monitor beats after its tasks at most this often: the scheduled
+# heartbeat is one task a minute that any cluster's worker may take, so with several
+# clusters on the queue each would otherwise beat only when it happens to take it.
+BEAT_AFTER_TASKS_SECONDS = 15
+_last_beat = -math.inf
+
+
+def beat_after_a_task() -> None:
+    """Beat, unless this process did less than ``BEAT_AFTER_TASKS_SECONDS`` ago."""
+    global _last_beat
+    if time.monotonic() - _last_beat < BEAT_AFTER_TASKS_SECONDS:
+        return
+    beat()
+    _last_beat = time.monotonic()
 
 
 def heartbeats() -> list[Heartbeat]:

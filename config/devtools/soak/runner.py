@@ -21,7 +21,7 @@ from cleanup.engine.dispatch import dispatch
 from cleanup.engine.reconcile import reconcile
 from cleanup.engine.replay import replay
 from cleanup.engine.transport import queue_shares_transaction
-from cleanup.models import Chunk, Run
+from cleanup.models import Chunk, Run, WorkerHeartbeat
 from cleanup.policies import get_policy, register
 from config.devtools.processes import Cluster
 from config.devtools.soak import faults, reminders
@@ -82,7 +82,9 @@ def run_soak(*, duration: float, min_faults: int, seed: int, say) -> SoakReport:
             f"{duration:.0f} s.")
 
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": SOAK_SETTINGS}
-        clusters = [Cluster("host-a", env), Cluster("host-b", env)]
+        # Two hosts' worth, each under its own name; host-b through a pooler if given.
+        clusters = [Cluster(name, {**env, "CLEANUP_NODE_NAME": name, **through})
+                    for name, through in (("host-a", {}), ("host-b", _through_pooler()))]
         try:
             for cluster in clusters:
                 cluster.start()
@@ -95,6 +97,13 @@ def run_soak(*, duration: float, min_faults: int, seed: int, say) -> SoakReport:
                 cluster.stop()
         connections.close_all()
         return _report(broker, duration, started_at, seeded, soaked, min_faults, lease)
+
+
+def _through_pooler() -> dict:
+    """host-b's database: through a transaction pooler when SOAK_POOLER_URL names one
+    (the soak's own process and host-a stay direct)."""
+    url = os.environ.get("SOAK_POOLER_URL", "").strip()
+    return {"DATABASE_URL": url, "DATABASE_POOLER": "transaction"} if url else {}
 
 
 @dataclass
@@ -288,6 +297,8 @@ def _report(broker, duration, started_at, seeded, soaked: Soaked, min_faults,
     poison = Chunk.objects.filter(run=poison_run).first() if poison_run else None
     once = chunks.exclude(run__policy=POISON_POLICY).filter(deliveries__lt=2).count()
     hits = Counter({kind: injector.hits.get(kind, 0) for kind in faults.KINDS})
+    beating = set(WorkerHeartbeat.objects.filter(beat_at__gte=started_at)
+                  .values_list("host", flat=True))
     report = SoakReport(
         broker=broker, duration=duration, faults=dict(hits),
         runs=dict(Counter(runs.values_list("state", flat=True))),
@@ -316,6 +327,8 @@ def _report(broker, duration, started_at, seeded, soaked: Soaked, min_faults,
             "final_runs": [str(r.pk) for r in soaked.final.values()],
             "faults_on_chunks_by_policy": dict(injector.policies_hit),
             "chunks_in_flight_peak": peaks,
+            "clusters_beating": sorted(beating),
+            "host_b_database": "through a pooler" if _through_pooler() else "direct",
             "window": {name: window.size(get_policy(name)) for name in peaks},
         },
         errors=injector.errors,
@@ -335,6 +348,7 @@ def _report(broker, duration, started_at, seeded, soaked: Soaked, min_faults,
         "every chunk was delivered at least twice": once == 0,
         "never more chunks of a policy in flight than its window": all(
             peak <= figures["window"][name] for name, peak in peaks.items()),
+        "each cluster's heartbeat shows": {"host-a", "host-b"} <= beating,
         "the window filled (chunks were planned as the runs went)":
             peaks[EXPIRE_HOLDS] > 1 and peaks[MARK_REMINDERS_READY] > 1,
         "poison chunk dead-lettered after the limit, its run identified": bool(
