@@ -1,5 +1,5 @@
-"""django-q2 signals: the broker's acknowledgement of a chunk, a cluster's heartbeat
-after its tasks, and the scheduler's firing of a slot."""
+"""django-q2 signals: the broker's acknowledgement of a chunk, a worker's heartbeat as
+it takes a task, and the scheduler's firing of a slot."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import structlog
 from django.db import DatabaseError, transaction
 from django.db.models import Q
 from django.dispatch import receiver
-from django_q.signals import post_execute, pre_enqueue
+from django_q.signals import post_execute, pre_enqueue, pre_execute
 
 from cleanup.engine import messages, transitions
 from cleanup.engine.transport import CHUNK_TASK
@@ -41,14 +41,14 @@ def record_acknowledgement(sender, task, **kwargs) -> None:
                     error=str(exc))
 
 
-@receiver(post_execute, dispatch_uid="cleanup.record_cluster_beat")
+@receiver(pre_execute, dispatch_uid="cleanup.record_cluster_beat")
 def record_cluster_beat(sender, task, **kwargs) -> None:
-    """Have the cluster that ran a task beat now and then (its monitor records it), so
-    every cluster taking work shows, whichever took the scheduled heartbeat."""
+    """Have a worker that takes a task beat now and then, so every cluster taking work
+    shows, whichever took the scheduled heartbeat task."""
     try:
-        health.beat_after_a_task()
+        health.beat_now_and_then()
     except DatabaseError as exc:
-        # In django-q2's monitor loop: an error here must not stop it.
+        # In django-q2's worker, before the task: an error here must not cost the task.
         log.warning("heartbeat not recorded", error=str(exc))
 
 

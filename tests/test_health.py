@@ -97,17 +97,17 @@ def test_two_clusters_on_one_machine_beat_under_their_own_node_names(settings):
         "host-a", "host-b"]
 
 
-def test_a_cluster_beats_after_its_tasks_at_most_every_fifteen_seconds(monkeypatch):
+def test_a_worker_beats_as_it_takes_tasks_at_most_every_fifteen_seconds(monkeypatch):
     from django.test.utils import CaptureQueriesContext
 
     monkeypatch.setattr(health, "_last_beat", -math.inf)
     with CaptureQueriesContext(connection) as first:
-        health.beat_after_a_task()
+        health.beat_now_and_then()
     with CaptureQueriesContext(connection) as soon_after:
-        health.beat_after_a_task()
-    monkeypatch.setattr(health, "_last_beat", health._last_beat - health.BEAT_AFTER_TASKS_SECONDS)
+        health.beat_now_and_then()
+    monkeypatch.setattr(health, "_last_beat", health._last_beat - health.BEAT_EVERY_SECONDS)
     with CaptureQueriesContext(connection) as later:
-        health.beat_after_a_task()
+        health.beat_now_and_then()
 
     assert WorkerHeartbeat.objects.filter(**THIS_CLUSTER).count() == 1
     assert (len(first) > 0, len(soon_after), len(later) > 0) == (True, 0, True)

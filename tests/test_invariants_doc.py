@@ -14,8 +14,9 @@ NAMED = re.compile(r"`(tests/test_\w+\.py)::(test_\w+)`")
 def test_every_test_the_invariants_doc_names_exists():
     named = NAMED.findall(DOC.read_text())
     sections = re.findall(r"^## (\d+)\.", DOC.read_text(), re.M)
-    assert sections == [str(n) for n in range(1, 10)]  # every invariant of DESIGN.md
-    assert len(named) >= 9 * 2
+    # Every invariant of DESIGN.md built so far (12, the outbox, comes with its issue).
+    assert sections == [str(n) for n in range(1, 12)]
+    assert len(named) >= 11 * 2
     missing = []
     for path, name in named:
         tree = ast.parse((ROOT / path).read_text())

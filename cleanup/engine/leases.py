@@ -108,8 +108,3 @@ def end_lapsed(name: str) -> bool:
             return False
         cursor.execute(f'DELETE FROM "{_TABLE}" WHERE name = %s', [name])
         return True
-
-
-def holder(name: str) -> Lease | None:
-    """The lease's row, lapsed or not; None if nobody holds it."""
-    return Lease.objects.filter(name=name).first()

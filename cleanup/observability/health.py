@@ -59,17 +59,17 @@ def beat() -> WorkerHeartbeat:
     return beats.get()
 
 
-# A cluster's monitor beats after its tasks at most this often: the scheduled
-# heartbeat is one task a minute that any cluster's worker may take, so with several
-# clusters on the queue each would otherwise beat only when it happens to take it.
-BEAT_AFTER_TASKS_SECONDS = 15
+# A worker beats as it takes a task at most this often: the scheduled heartbeat is one
+# task a minute that any cluster's worker may take, so with several clusters on the
+# queue each would otherwise beat only when it happens to take that one.
+BEAT_EVERY_SECONDS = 15
 _last_beat = -math.inf
 
 
-def beat_after_a_task() -> None:
-    """Beat, unless this process did less than ``BEAT_AFTER_TASKS_SECONDS`` ago."""
+def beat_now_and_then() -> None:
+    """Beat, unless this process did less than ``BEAT_EVERY_SECONDS`` ago."""
     global _last_beat
-    if time.monotonic() - _last_beat < BEAT_AFTER_TASKS_SECONDS:
+    if time.monotonic() - _last_beat < BEAT_EVERY_SECONDS:
         return
     beat()
     _last_beat = time.monotonic()
