@@ -37,7 +37,7 @@ def indicator_paths(value: Any) -> bool:
         return False
     try:
         return all(callable(import_string(path)) for path in value)
-    except ImportError:
+    except Exception:  # noqa: BLE001 - a host's module may raise anything on import
         return False
 
 

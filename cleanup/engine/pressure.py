@@ -19,6 +19,7 @@ takes the ``pg_read_all_stats`` role.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -150,21 +151,67 @@ def vacuum(policy: Policy, connection, *, hold_on_vacuum: bool = False) -> Signa
                   f"vacuum of {table} running: {phases}")
 
 
+# What a signal's texts may hold: its reason is a Hold's reason (64 characters), and
+# both are stored in PostgreSQL text, which takes no NUL.
+MAX_REASON = 64
+MAX_DETAIL = 500
+
+
+def validated(answer: Any, name: str) -> Signal:
+    """The indicator's answer as a signal the engine can store and act on: a level of
+    the enum (a plain 2 is HOLD), finite numbers, texts cleaned and bounded; anything
+    else is a HOLD whose detail says what was wrong with it. A host's indicator is
+    input the engine does not write."""
+    if not isinstance(answer, Signal):
+        return _wrong(name, f"returned {_shown(answer)}, not a Signal")
+    level = answer.level
+    if isinstance(level, bool) or not isinstance(level, int) or level not in set(Level):
+        return _wrong(name, f"returned the level {_shown(level)}, not one of "
+                            f"{', '.join(f'{item.name} ({item.value})' for item in Level)}")
+    for field in ("value", "limit"):
+        number = getattr(answer, field)
+        if number is not None and (isinstance(number, bool) or not isinstance(number, int | float)
+                                   or not math.isfinite(number)):
+            return _wrong(name, f"returned the {field} {_shown(number)}, not a finite number")
+    for field in ("reason", "detail"):
+        if not isinstance(getattr(answer, field), str):
+            return _wrong(name, f"returned the {field} {_shown(getattr(answer, field))}, "
+                                "not text")
+    reason = _cleaned(answer.reason, MAX_REASON) or name[:MAX_REASON]
+    return Signal(Level(level), reason, answer.value, answer.limit,
+                  _cleaned(answer.detail, MAX_DETAIL))
+
+
+def _wrong(name: str, what: str) -> Signal:
+    return Signal(Level.HOLD, INDICATOR_ERROR, None, None, _cleaned(f"{name} {what}", MAX_DETAIL))
+
+
+def _shown(value: Any) -> str:
+    return _cleaned(repr(value), 80)
+
+
+def _cleaned(text: str, limit: int) -> str:
+    """Printable, on one line, at most ``limit`` characters."""
+    text = "".join(c if c.isprintable() else " " for c in text).strip()
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def evaluate(policy: Policy, indicators: Iterable[Indicator], connection) -> Signal:
-    """Return the worst of the indicators' signals; an indicator that raises holds.
+    """Return the worst of the indicators' signals; an indicator that raises, or whose
+    answer is no valid signal, holds.
 
     Stops at the first hold, which nothing is worse than. With no indicators, OK.
     """
     worst: Signal | None = None
     for indicator in indicators:
+        name = _name(indicator)
         try:
-            signal = indicator(policy, connection)
+            signal = validated(indicator(policy, connection), name)
         except Exception as exc:
-            name = _name(indicator)
             log.warning("pressure indicator failed; holding", policy=policy.name,
                         indicator=name, error=repr(exc))
             signal = Signal(Level.HOLD, INDICATOR_ERROR, None, None,
-                            f"{name} failed: {type(exc).__name__}: {exc}".strip())
+                            _cleaned(f"{name} failed: {type(exc).__name__}: {exc}", MAX_DETAIL))
         if worst is None or signal.level > worst.level:
             worst = signal
         if worst.level is Level.HOLD:
@@ -229,12 +276,30 @@ def check(policy: Policy) -> Signal:
             functools.partial(replica_lag, limit=float(conf.MAX_REPLICA_LAG)),
             functools.partial(lock_waits, limit_ms=float(conf.MAX_LOCK_WAIT_MS)),
             functools.partial(vacuum, hold_on_vacuum=policy.hold_on_vacuum),
-            *(import_string(path) for path in conf.PRESSURE_INDICATORS),
+            *(_imported(path) for path in conf.PRESSURE_INDICATORS),
         ]
         return evaluate(policy, [_in_savepoint(indicator) for indicator in indicators],
                         connection)
 
     return cached(policy.name, float(conf.PRESSURE_CHECK_SECONDS), compute)
+
+
+def _imported(path: Any) -> Indicator:
+    """The host's indicator at ``path``; one that cannot be imported (cleanup.E026
+    names it) is an indicator that fails, so the policy holds and says why."""
+    try:
+        indicator = import_string(path)
+        if callable(indicator):
+            return indicator
+        problem: BaseException = TypeError(f"{path!r} is not callable")
+    except Exception as exc:  # noqa: BLE001 - a host's module may raise anything on import
+        problem = exc
+
+    def cannot_be_imported(policy, db):
+        raise problem
+
+    cannot_be_imported.__name__ = str(path)
+    return cannot_be_imported
 
 
 def _in_savepoint(indicator: Indicator) -> Indicator:
