@@ -19,6 +19,12 @@ PG_INT_MAX = 2_147_483_647
 MAX_RETENTION_DAYS = 36_500
 # django-q2's scheduler passes every 30 s, so a slot may fire up to that late.
 SCHEDULER_PASS_SECONDS = 30
+# Upper bounds of the durations: past them a value is a unit mistake (1e308), which
+# would keep a reading, a grace or a backoff for ever.
+DAY = 86_400
+MAX_PRESSURE_CHECK_SECONDS = 300
+MAX_BACKOFF = 60
+MAX_CHUNK_BUDGET_MS = 60_000
 
 
 def whole(value: Any) -> bool:
@@ -66,10 +72,11 @@ class Rule:
 
 # The chunk-sizing settings, each on its own, before their bounds are compared.
 SIZING_RULES = (
-    Rule("CHUNK_BUDGET_MS", "cleanup.E006", "a number of milliseconds, 0 (off) or more",
+    Rule("CHUNK_BUDGET_MS", "cleanup.E006",
+         f"a number of milliseconds from 0 (off) to {MAX_CHUNK_BUDGET_MS}",
          "Set the transaction time a learned chunk should take, or 0 to always use the "
-         "policy's chunk_size.",
-         lambda value: number(value) and value >= 0),
+         "policy's chunk_size; a chunk's transaction holds learners' rows that long.",
+         lambda value: number(value) and 0 <= value <= MAX_CHUNK_BUDGET_MS),
     *(
         Rule(name, "cleanup.E006", "a whole number of rows, at least 1",
              f"Set the {bound} rows a learned {kind} may hold.",
@@ -96,10 +103,10 @@ SETTING_RULES = (
          "Set how often one delivery retries a deadlock, lock timeout, serialization failure "
          "or dropped connection before the broker redelivers it; 0 retries none.",
          lambda value: whole(value) and value >= 0),
-    Rule("TRANSIENT_BACKOFF", "cleanup.E015", "a number of seconds, 0 or more",
+    Rule("TRANSIENT_BACKOFF", "cleanup.E015", f"a number of seconds from 0 to {MAX_BACKOFF}",
          "Set the base of the jittered exponential backoff between in-task retries, in "
          "seconds (an int or a float).",
-         lambda value: number(value) and value >= 0),
+         lambda value: number(value) and 0 <= value <= MAX_BACKOFF),
     Rule("LOCK_TIMEOUT_MS", "cleanup.E016",
          f"a whole number of milliseconds from 1 to {PG_INT_MAX}",
          "Set how long a chunk's DELETE may wait for a row lock before it gives up and is "
@@ -123,18 +130,18 @@ SETTING_RULES = (
          "run waiting.",
          lambda value: number(value) and 1 <= value <= 86_400),
     Rule("SCHEDULE_GRACE_SECONDS", "cleanup.E017",
-         f"a number of seconds above {SCHEDULER_PASS_SECONDS}",
+         f"a number of seconds above {SCHEDULER_PASS_SECONDS}, at most {DAY}",
          "Set how late a schedule slot may fire before it counts as missed. django-q2's "
          f"scheduler passes every {SCHEDULER_PASS_SECONDS} s, so a healthy slot fires up to "
          "that late; a shorter grace reports missed schedules that are not.",
-         lambda value: number(value) and value > SCHEDULER_PASS_SECONDS),
+         lambda value: number(value) and SCHEDULER_PASS_SECONDS < value <= DAY),
     Rule("HEARTBEAT_STALE_SECONDS", "cleanup.E018",
-         f"a number of seconds above {60 + SCHEDULER_PASS_SECONDS}",
+         f"a number of seconds above {60 + SCHEDULER_PASS_SECONDS}, at most {DAY}",
          "Set how long a cluster may go without a heartbeat before it is reported as not "
          "taking work. Heartbeats run once a minute and may fire up to "
          f"{SCHEDULER_PASS_SECONDS} s late; a shorter limit makes /health answer 503 for a "
          "healthy cluster.",
-         lambda value: number(value) and value > 60 + SCHEDULER_PASS_SECONDS),
+         lambda value: number(value) and 60 + SCHEDULER_PASS_SECONDS < value <= DAY),
     *(
         Rule(name, id_, f"a whole number of days from 1 to {MAX_RETENTION_DAYS}",
              f"Set how many days {what} are kept before the engine purges them.",
@@ -144,18 +151,20 @@ SETTING_RULES = (
             ("TASK_RESULT_RETENTION_DAYS", "cleanup.E020", "django-q2's saved task results"),
         )
     ),
-    Rule("MAX_REPLICA_LAG", "cleanup.E023", "a number of seconds above 0",
+    Rule("MAX_REPLICA_LAG", "cleanup.E023", f"a number of seconds above 0, at most {DAY}",
          "Set how far behind a streaming standby may replay before the engine holds "
          "its policies; at 0 any lag at all would hold them.",
-         lambda value: number(value) and value > 0),
+         lambda value: number(value) and 0 < value <= DAY),
     Rule("MAX_LOCK_WAIT_MS", "cleanup.E024",
          f"a whole number of milliseconds from 1 to {PG_INT_MAX}",
          "Set how long another session may wait on a chunk's row lock before the policy's "
          "next chunks shrink.",
          lambda value: whole(value) and 1 <= value <= PG_INT_MAX),
-    Rule("PRESSURE_CHECK_SECONDS", "cleanup.E025", "a number of seconds, 0 or more",
-         "Set how long a pressure reading is reused before the indicators are read again.",
-         lambda value: number(value) and value >= 0),
+    Rule("PRESSURE_CHECK_SECONDS", "cleanup.E025",
+         f"a number of seconds from 0 to {MAX_PRESSURE_CHECK_SECONDS}",
+         "Set how long a pressure reading is reused before the indicators are read again; "
+         "a reading kept longer would miss a hold raised meanwhile.",
+         lambda value: number(value) and 0 <= value <= MAX_PRESSURE_CHECK_SECONDS),
     Rule("PRESSURE_INDICATORS", "cleanup.E026",
          "a list of dotted paths of callables that can be imported",
          "List the host's own indicators, e.g. ['myproject.pressure.batch_window']; each "

@@ -311,3 +311,18 @@ def test_w003_many_retries_outlast_any_timeout(settings):
     (error,) = setting_errors(settings, "TRANSIENT_RETRIES", 1_000)
     assert (error.id, error.level) == ("cleanup.W003", checks.WARNING)
     assert error.msg.startswith("One delivery of a chunk can spend unbounded time")
+
+
+@pytest.mark.parametrize("name, too_long", [
+    ("PRESSURE_CHECK_SECONDS", 1e308), ("PRESSURE_CHECK_SECONDS", 301),
+    ("TRANSIENT_BACKOFF", 61), ("MAX_REPLICA_LAG", 1e308),
+    ("SCHEDULE_GRACE_SECONDS", 86_401), ("HEARTBEAT_STALE_SECONDS", 1e308),
+    ("CHUNK_BUDGET_MS", 60_001), ("SYNC_LEASE_SECONDS", 86_401),
+])
+def test_every_duration_has_an_upper_bound(settings, name, too_long):
+    """A unit mistake (1e308 seconds) would keep a reading, a grace or a backoff for
+    ever: each duration's check refuses it, naming the setting."""
+    setattr(settings, f"CLEANUP_{name}", too_long)
+    errors = [e for check in SETTING_CHECKS for e in check() if e.is_serious()]
+    assert [(e.id, e.msg.split(";")[0]) for e in errors] == [
+        (CHECKED_BY[name], f"CLEANUP_{name} is {too_long!r}")]

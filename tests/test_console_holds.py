@@ -71,3 +71,31 @@ def test_the_pause_permission_alone_pauses_and_resumes(client):
     assert holds.open_holds(POLICY)[0].actor == "pauser"
     client.post(RESUME)
     assert not holds.open_holds(POLICY)
+
+
+BAD_REASONS = [
+    pytest.param("x" * 100_000, "a pause's reason is at most 500 characters (this one has "
+                 "100,000)", id="100 KB"),
+    pytest.param("index\x00rebuild", "a pause's reason must be one line of printable text; "
+                 "it holds '\\x00'", id="a NUL"),
+    pytest.param("index\nrebuild", "a pause's reason must be one line of printable text; "
+                 "it holds '\\n'", id="two lines"),
+]
+
+
+@pytest.mark.parametrize("reason, refusal", BAD_REASONS)
+def test_one_limit_and_one_validation_for_a_pause_from_the_command_and_the_console(
+        admin_client, reason, refusal):
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError) as refused:
+        call_command("cleanup_pause", "--policy", POLICY, "--reason", reason,
+                     stdout=StringIO(), stderr=StringIO())
+    assert refusal in str(refused.value)
+
+    page = admin_client.post(PAUSE, {"reason": reason})
+    assert page.status_code == 200  # the form again, with the reason refused
+    assert page.context["form"].errors["reason"]
+    assert not Hold.objects.exists()

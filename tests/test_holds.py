@@ -161,3 +161,18 @@ def test_the_commands_pause_and_resume_with_json(backlog):
     with pytest.raises(CommandError, match="unknown policy 'nope'"):
         call_command("cleanup_pause", "--policy", "nope", "--reason", "x")
     assert Hold.objects.count() == 1
+
+
+def test_the_holds_of_a_policy_no_longer_registered_can_be_ended(backlog):
+    """A deploy removed the policy while it was paused (and held by its pressure): its
+    holds would stay open, and its held gauge at 1, for ever."""
+    Hold.objects.create(policy="ghost-policy", reason=Hold.PAUSED, detail="migration")
+    Hold.objects.create(policy="ghost-policy", reason="replica_lag", detail="lag")
+    out = StringIO()
+
+    call_command("cleanup_resume", "--policy", "ghost-policy", stdout=out)
+
+    assert not Hold.objects.filter(policy="ghost-policy", ended_at__isnull=True).exists()
+    assert "Resumed ghost-policy" in out.getvalue()
+    with pytest.raises(CommandError, match="unknown policy 'ghost-policy'"):
+        call_command("cleanup_resume", "--policy", "ghost-policy", stdout=StringIO())

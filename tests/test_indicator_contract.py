@@ -129,3 +129,26 @@ def test_an_indicator_module_that_raises_on_import_holds_instead_of_failing_disp
     assert hold.reason == INDICATOR_ERROR
     assert hold.detail == ("raising_indicators.batch_window failed: RuntimeError: "
                            "the host module is broken")
+
+
+@pytest.mark.django_db
+def test_resuming_while_an_indicator_answers_none_resumes_and_holds_for_the_indicator(
+        indicator, admin_client):
+    from django.urls import reverse
+
+    call_command("cleanup_pause", "--policy", POLICY, "--reason", "maintenance",
+                 stdout=StringIO())
+    call_command("cleanup_dispatch", "--policy", POLICY, stdout=StringIO(), stderr=StringIO())
+    indicator["value"] = None
+
+    call_command("cleanup_resume", "--policy", POLICY, stdout=StringIO())
+
+    open_holds = set(Hold.objects.filter(policy=POLICY, ended_at__isnull=True)
+                     .values_list("reason", flat=True))
+    assert open_holds == {INDICATOR_ERROR}
+    # The console's door too: a pause and a resume answer with a redirect, not a 500.
+    call_command("cleanup_pause", "--policy", POLICY, "--reason", "again", stdout=StringIO())
+    response = admin_client.post(reverse("admin:cleanup_policy_resume", args=[POLICY]))
+    assert response.status_code == 302
+    assert not Hold.objects.filter(policy=POLICY, reason=Hold.PAUSED,
+                                   ended_at__isnull=True).exists()

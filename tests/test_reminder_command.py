@@ -23,12 +23,28 @@ pytestmark = pytest.mark.django_db(transaction=True)
 CONSOLE = "django.core.mail.backends.console.EmailBackend"
 
 
-def send_reminders(*args: str) -> subprocess.CompletedProcess:
+def send_reminders(*args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), "send_reminders", *args],
-        cwd=ROOT, env=subprocess_env(DJANGO_EMAIL_BACKEND=CONSOLE),
+        cwd=ROOT, env=subprocess_env(**{"DJANGO_EMAIL_BACKEND": CONSOLE, **env}),
         capture_output=True, text=True, timeout=120,
     )
+
+
+NO_MAIL_SERVER = {"DJANGO_EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+                  "EMAIL_HOST": "127.0.0.1", "EMAIL_PORT": "1"}
+
+
+@pytest.mark.parametrize("json_output", [False, True], ids=["text", "--json"])
+def test_with_no_mail_server_the_refusal_is_the_only_line_on_stderr(json_output):
+    made_ready(due_hold(SectionFactory(), "ada"))
+
+    process = send_reminders(*(["--json"] if json_output else []), **NO_MAIL_SERVER)
+
+    assert (process.returncode, process.stdout) == (1, "")
+    (line,) = process.stderr.splitlines()
+    refusal = json.loads(line)["error"] if json_output else line
+    assert "sending stopped: no reminder can be sent now (ConnectionRefusedError" in refusal
 
 
 def test_send_reminders_json_prints_one_json_object_and_the_mails_elsewhere():

@@ -5,7 +5,8 @@ from __future__ import annotations
 from django import forms
 
 from cleanup.cutoffs import parse_cutoff
-from cleanup.exceptions import BadCutoff
+from cleanup.engine import operations
+from cleanup.exceptions import BadCutoff, CleanupError
 from cleanup.policies import SCHEMES, all_policies
 
 
@@ -47,8 +48,15 @@ class NewCutoffForm(forms.Form):
 
 
 class PauseForm(forms.Form):
-    reason = forms.CharField(max_length=500, widget=forms.TextInput(attrs={"size": 60}),
+    reason = forms.CharField(max_length=operations.MAX_PAUSE_REASON,
+                             widget=forms.TextInput(attrs={"size": 60}),
                              help_text="Why: the overview, the status and the alerts show it.")
+
+    def clean_reason(self):
+        try:
+            return operations.pause_reason(self.cleaned_data["reason"])
+        except CleanupError as exc:
+            raise forms.ValidationError(str(exc)) from None
 
 
 class DiscardForm(forms.Form):

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from cleanup.display import SHORT_ID_LENGTH, id_range, parse_id
 from cleanup.engine import holds, outcomes, transitions, transport, window
-from cleanup.exceptions import CleanupError, UnknownChunk, UnknownRun
+from cleanup.exceptions import CleanupError, UnknownChunk, UnknownPolicy, UnknownRun
 from cleanup.models import Chunk, Hold, Run
 from cleanup.policies import get_policy
 
@@ -151,13 +151,31 @@ def _log(event: str, chunks: list[Chunk], actor: str, **extra) -> None:
                  actor=actor, **extra)
 
 
-def pause_policy(policy_name: str, reason: str, *, actor: str = "") -> holds.HoldChange:
-    """Open a pause of the policy; a policy already paused keeps its first pause."""
-    policy = get_policy(policy_name)
+# A pause's reason is shown whole by the console, cleanup_status and the alerts.
+MAX_PAUSE_REASON = 500
+
+
+def pause_reason(reason: str | None) -> str:
+    """The reason, stripped; ``CleanupError`` if it is empty, too long or not one line
+    of printable text (the console's form and the command both come through here)."""
     reason = (reason or "").strip()
     if not reason:
         raise CleanupError("a pause needs a reason (--reason): it is what the console, "
                            "the status and the alerts show")
+    if len(reason) > MAX_PAUSE_REASON:
+        raise CleanupError(f"a pause's reason is at most {MAX_PAUSE_REASON} characters (this "
+                           f"one has {len(reason):,}): the console, the status and the "
+                           "alerts show it whole")
+    if unprintable := next((c for c in reason if not c.isprintable()), None):
+        raise CleanupError(f"a pause's reason must be one line of printable text; it holds "
+                           f"{unprintable!r}")
+    return reason
+
+
+def pause_policy(policy_name: str, reason: str, *, actor: str = "") -> holds.HoldChange:
+    """Open a pause of the policy; a policy already paused keeps its first pause."""
+    policy = get_policy(policy_name)
+    reason = pause_reason(reason)
     try:
         with transaction.atomic():
             hold = Hold.objects.create(policy=policy.name, reason=Hold.PAUSED, detail=reason,
@@ -170,8 +188,12 @@ def pause_policy(policy_name: str, reason: str, *, actor: str = "") -> holds.Hol
 
 def resume_policy(policy_name: str, *, actor: str = "") -> holds.HoldChange:
     """End the policy's pause and top its window up now; a policy not paused is left
-    as it is (``changed`` False, with its last pause if it had one)."""
-    policy = get_policy(policy_name)
+    as it is (``changed`` False, with its last pause if it had one). A policy no longer
+    registered (removed by a deploy) has every open hold ended: nothing else would."""
+    try:
+        policy = get_policy(policy_name)
+    except UnknownPolicy:
+        return _end_holds_of_a_gone_policy(policy_name, actor)
     with transaction.atomic():
         hold = (Hold.objects.select_for_update()
                 .filter(policy=policy.name, reason=Hold.PAUSED, ended_at__isnull=True).first())
@@ -187,3 +209,20 @@ def resume_policy(policy_name: str, *, actor: str = "") -> holds.HoldChange:
     log.info("policy resumed", policy=policy.name, actor=actor, planned=planned,
              held_for=str(hold.ended_at - hold.began_at))
     return holds.HoldChange(hold, changed=True, planned=planned)
+
+
+def _end_holds_of_a_gone_policy(policy_name: str, actor: str) -> holds.HoldChange:
+    with transaction.atomic():
+        held = list(Hold.objects.select_for_update()
+                    .filter(policy=policy_name, ended_at__isnull=True))
+        if not held:
+            get_policy(policy_name)  # the unknown policy's own refusal, naming the known
+        now = timezone.now()
+        Hold.objects.filter(pk__in=[hold.pk for hold in held]).update(ended_at=now,
+                                                                      ended_by=actor)
+    for hold in held:
+        hold.ended_at, hold.ended_by = now, actor
+        log.warning("hold of a policy no longer registered ended", policy=policy_name,
+                    reason=hold.reason, actor=actor)
+    pause = next((hold for hold in held if hold.reason == Hold.PAUSED), held[0])
+    return holds.HoldChange(pause, changed=True, planned=0)

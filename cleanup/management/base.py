@@ -192,6 +192,37 @@ def _asks_for_json(argv: list[str]) -> bool:
     return False
 
 
+class _HeldErrors(logging.Handler):
+    """Stands in for the root logger's handlers while a command runs: passes records
+    below ERROR on at once, and keeps the errors for the end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+        self.replaced: list[logging.Handler] = []
+
+    def install(self) -> None:
+        root = logging.getLogger()
+        self.replaced, root.handlers = root.handlers[:], [self]
+
+    def uninstall(self, *, replay: bool) -> None:
+        logging.getLogger().handlers = self.replaced
+        for record in self.records if replay else ():
+            self._pass_on(record)
+        self.records = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.ERROR:
+            self.records.append(record)
+        else:
+            self._pass_on(record)
+
+    def _pass_on(self, record: logging.LogRecord) -> None:
+        for handler in self.replaced:
+            if record.levelno >= handler.level:
+                handler.handle(record)
+
+
 class CleanupCommand(BaseCommand):
     """A command whose ``run`` returns a JSON-safe result and may raise CleanupError.
 
@@ -241,12 +272,17 @@ class CleanupCommand(BaseCommand):
     def execute(self, *args, **options):
         quiet = self.from_shell and options.get("verbosity", 1) < 2
         disabled = logging.root.manager.disable
+        held = _HeldErrors() if quiet else None
         if quiet:
             # Below -v 2 a command prints its result, not the engine's INFO lines (nor
-            # django-q2's "Enqueued"); warnings and errors still show.
+            # django-q2's "Enqueued"); warnings show as they come, errors at the end.
             logging.disable(logging.INFO)
+            held.install()
+        failed = True
         try:
-            return super().execute(*args, **options)
+            result = super().execute(*args, **options)
+            failed = False
+            return result
         except OperationalError as exc:
             problem = connection_failure(exc)
             if problem is None:
@@ -262,6 +298,9 @@ class CleanupCommand(BaseCommand):
         finally:
             if quiet:
                 logging.disable(disabled)
+                # A refusal is one line (or one JSON object) that says it all: the error
+                # lines that led to it would only say it again, before it.
+                held.uninstall(replay=not failed)
 
     def handle(self, *args, **options):
         result = self.run(**options)
