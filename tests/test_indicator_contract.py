@@ -152,3 +152,59 @@ def test_resuming_while_an_indicator_answers_none_resumes_and_holds_for_the_indi
     assert response.status_code == 302
     assert not Hold.objects.filter(policy=POLICY, reason=Hold.PAUSED,
                                    ended_at__isnull=True).exists()
+
+
+DEPTHS: list[int] = []
+
+
+def depth_recorder(policy, connection):
+    """Records how many transactions (and savepoints) were open when it was read."""
+    DEPTHS.append(len(connection.atomic_blocks))
+    return Signal(Level.OK, "depth", None, None, "")
+
+
+@pytest.mark.django_db(transaction=True)  # the chunk's own transaction must be the outer one
+def test_indicators_are_never_read_while_a_chunk_holds_learners_rows(settings, account,
+                                                                    chunk_size):
+    from cleanup.engine.dispatch import dispatch
+    from cleanup.engine.worker import apply_chunk
+    from cleanup.models import Chunk
+
+    settings.CLEANUP_PRESSURE_INDICATORS = ["tests.test_indicator_contract.depth_recorder"]
+    settings.CLEANUP_PRESSURE_CHECK_SECONDS = 0  # read at every planning: no cache hides it
+    settings.CLEANUP_WINDOW = 1
+    chunk_size(POLICY, 1)
+    LeaseFactory.create_batch(3, account=account, expired=True)
+    run = dispatch(POLICY).run
+    DEPTHS.clear()
+
+    while chunk := Chunk.objects.filter(run=run, state__in=Chunk.UNFINISHED).first():
+        apply_chunk(chunk.message)  # each commit plans the next chunk
+
+    run.refresh_from_db()
+    assert run.chunks_planned == 3 and run.state == Run.State.COMPLETED
+    # Read before each chunk's transaction, in a savepoint of its own: never inside it.
+    assert DEPTHS and set(DEPTHS) == {1}
+
+
+def slow_indicator(policy, connection):
+    import time
+
+    time.sleep(0.2)
+    return Signal(Level.OK, "slow", None, None, "")
+
+
+@pytest.mark.django_db
+def test_an_indicator_slower_than_its_bound_holds_and_says_so(settings, account, monkeypatch):
+    monkeypatch.setattr(pressure, "INDICATOR_SECONDS", 0.1)
+    settings.CLEANUP_PRESSURE_INDICATORS = ["tests.test_indicator_contract.slow_indicator"]
+    settings.CLEANUP_PRESSURE_CHECK_SECONDS = 0
+    pressure.forget()
+    LeaseFactory.create_batch(3, account=account, expired=True)
+
+    call_command("cleanup_dispatch", "--policy", POLICY, stdout=StringIO(), stderr=StringIO())
+
+    hold = Hold.objects.get(policy=POLICY, ended_at__isnull=True)
+    assert hold.reason == INDICATOR_ERROR
+    assert hold.detail.startswith("slow_indicator took 0.2 s to answer, more than 0.1 s")
+    pressure.forget()

@@ -18,11 +18,13 @@ takes the ``pg_read_all_stats`` role.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
@@ -46,6 +48,9 @@ CHUNK_APPLICATION_NAME = "cleanup-chunk"
 MAX_REPLICA_LAG = 10.0
 MAX_LOCK_WAIT_MS = 200.0
 INDICATOR_ERROR = "indicator_error"
+# An indicator slower than this holds: its answer describes a database that was
+# already somewhere else, and the policy waits for one that answers in time.
+INDICATOR_SECONDS = 2.0
 
 
 class Level(IntEnum):
@@ -205,8 +210,13 @@ def evaluate(policy: Policy, indicators: Iterable[Indicator], connection) -> Sig
     worst: Signal | None = None
     for indicator in indicators:
         name = _name(indicator)
+        started = time.monotonic()
         try:
             signal = validated(indicator(policy, connection), name)
+            took = time.monotonic() - started
+            if took > INDICATOR_SECONDS:
+                signal = _wrong(name, f"took {took:.1f} s to answer, more than "
+                                      f"{INDICATOR_SECONDS:g} s")
         except Exception as exc:
             log.warning("pressure indicator failed; holding", policy=policy.name,
                         indicator=name, error=repr(exc))
@@ -221,6 +231,28 @@ def evaluate(policy: Policy, indicators: Iterable[Indicator], connection) -> Sig
 
 _cache: dict[str, tuple[float, Signal]] = {}
 _cache_lock = threading.Lock()
+
+
+# Set while a chunk's transaction holds learners' rows: the host's indicators are not
+# read then (a slow one would keep a learner's renewal waiting on the chunk's locks);
+# their last reading, taken by the worker before the transaction, stands in. The
+# engine's own indicators are catalog reads under the chunk's statement timeout, and
+# the lock waits a chunk causes can only be seen while it holds its locks.
+_host_readings_only: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "host_readings_only", default=False)
+_host_readings: dict[str, Signal] = {}
+NOT_READ = "not_read"
+
+
+@contextmanager
+def holding_rows() -> Iterator[None]:
+    """Within the block, ``check`` reads no host indicator: their last reading, or a
+    hold if there is none yet."""
+    token = _host_readings_only.set(True)
+    try:
+        yield
+    finally:
+        _host_readings_only.reset(token)
 
 
 def cached(policy_name: str, seconds: float, compute: Callable[[], Signal]) -> Signal:
@@ -245,8 +277,10 @@ def forget(policy_name: str | None = None) -> None:
     with _cache_lock:
         if policy_name is None:
             _cache.clear()
+            _host_readings.clear()
         else:
             _cache.pop(policy_name, None)
+            _host_readings.pop(policy_name, None)
 
 
 def _fetch(connection, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...]:
@@ -272,16 +306,33 @@ def check(policy: Policy) -> Signal:
     with it.
     """
     def compute() -> Signal:
-        indicators = [
+        engine = [
             functools.partial(replica_lag, limit=float(conf.MAX_REPLICA_LAG)),
             functools.partial(lock_waits, limit_ms=float(conf.MAX_LOCK_WAIT_MS)),
             functools.partial(vacuum, hold_on_vacuum=policy.hold_on_vacuum),
-            *(_imported(path) for path in conf.PRESSURE_INDICATORS),
         ]
-        return evaluate(policy, [_in_savepoint(indicator) for indicator in indicators],
-                        connection)
+        signal = evaluate(policy, [_in_savepoint(indicator) for indicator in engine],
+                          connection)
+        if signal.level is Level.HOLD or not conf.PRESSURE_INDICATORS:
+            return signal
+        host = _host_reading(policy)
+        return host if host.level > signal.level else signal
 
     return cached(policy.name, float(conf.PRESSURE_CHECK_SECONDS), compute)
+
+
+def _host_reading(policy: Policy) -> Signal:
+    """The host's indicators' worst signal: read now, or inside ``holding_rows`` the
+    last reading (a hold until there is one)."""
+    if _host_readings_only.get():
+        return _host_readings.get(policy.name) or Signal(
+            Level.HOLD, NOT_READ, None, None,
+            "the host's indicators are not read yet: they are read before a chunk's "
+            "transaction, never while it holds learners' rows")
+    signal = evaluate(policy, [_in_savepoint(_imported(path))
+                               for path in conf.PRESSURE_INDICATORS], connection)
+    _host_readings[policy.name] = signal
+    return signal
 
 
 def _imported(path: Any) -> Indicator:

@@ -17,9 +17,8 @@ from django.utils import timezone
 
 from cleanup import faults
 from cleanup.conf import conf
-from cleanup.engine import cpu_wait, messages, orphans, outcomes, sync_lease, transitions
+from cleanup.engine import cpu_wait, messages, orphans, outcomes, pressure, sync_lease, transitions
 from cleanup.engine.messages import ChunkMessage
-from cleanup.engine.pressure import CHUNK_APPLICATION_NAME
 from cleanup.exceptions import LeaseLost, MalformedMessage, UnknownPolicy, traceback_of
 from cleanup.expressions import PairsIn
 from cleanup.models import Chunk, Run
@@ -97,8 +96,12 @@ def apply_chunk(raw, *, leased: bool = False) -> Outcome:
 
     retries = 0
     while True:
+        # The pressure is read here, where this process holds no learner's row; inside
+        # the chunk's transaction the host's indicators are not read again.
+        pressure.check(policy)
         try:
-            return _apply(chunk, message, policy, retries, leased=leased)
+            with pressure.holding_rows():
+                return _apply(chunk, message, policy, retries, leased=leased)
         except LeaseLost:
             raise
         except Exception as exc:
@@ -341,7 +344,7 @@ def bound_transaction(*, chunk_session: bool = False) -> None:
               f"{conf.IDLE_IN_TRANSACTION_TIMEOUT_MS}ms"]
     with connection.cursor() as cursor:
         if chunk_session:
-            cursor.execute(_NAMED, [*bounds, CHUNK_APPLICATION_NAME])
+            cursor.execute(_NAMED, [*bounds, pressure.CHUNK_APPLICATION_NAME])
         else:
             cursor.execute(_BOUNDS, bounds)
 
