@@ -70,6 +70,9 @@ def test_an_answer_that_is_no_signal_holds_the_policy_and_says_what_was_wrong(
     hold = Hold.objects.get(policy=POLICY, ended_at__isnull=True)
     assert (hold.reason, hold.detail) == (INDICATOR_ERROR, detail)
     assert run.chunks_planned == 0 and run.state == Run.State.RUNNING
+    # The operator reads why, and that it clears by itself: resuming is for a pause.
+    said = out.getvalue()
+    assert detail in said and "until that clears" in said and "cleanup_resume" not in said
 
 
 @pytest.mark.django_db
