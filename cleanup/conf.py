@@ -65,6 +65,19 @@ class Settings:
         return self._read("LOCK_TIMEOUT_MS", 5000)
 
     @property
+    def ROW_LOCK_WAIT_MS(self) -> int:
+        """How long a chunk's statement waits for learners' rows another transaction
+        keeps locked before the chunk goes on without them, in milliseconds: it is
+        applied again at once, skipping the rows still locked, which a later pass takes."""
+        return self._read("ROW_LOCK_WAIT_MS", 50)
+
+    @property
+    def FAILING_CHUNKS(self) -> int:
+        """How many of a run's last chunks are weighed: once more than half of them were
+        dead-lettered, the policy holds itself (reason ``failing``) until resumed."""
+        return self._read("FAILING_CHUNKS", 20)
+
+    @property
     def STATEMENT_TIMEOUT_MS(self) -> int:
         """PostgreSQL statement_timeout of a chunk's transaction, in milliseconds: no
         statement of a chunk holds learners' rows longer (set locally, so a pooled

@@ -112,6 +112,16 @@ SETTING_RULES = (
          "Set how long a chunk's DELETE may wait for a row lock before it gives up and is "
          "retried; PostgreSQL reads 0 as no timeout, which lets a chunk hang.",
          lambda value: whole(value) and 1 <= value <= PG_INT_MAX),
+    Rule("ROW_LOCK_WAIT_MS", "cleanup.E030",
+         f"a whole number of milliseconds from 1 to {PG_INT_MAX}",
+         "Set how long a chunk waits for learners' rows another transaction keeps locked "
+         "before it goes on without them (at most CLEANUP_LOCK_TIMEOUT_MS is waited); "
+         "PostgreSQL reads 0 as waiting for ever.",
+         lambda value: whole(value) and 1 <= value <= PG_INT_MAX),
+    Rule("FAILING_CHUNKS", "cleanup.E031", "a whole number of chunks from 2 to 10000",
+         "Set how many of a run's last chunks are weighed to hold a failing policy: more "
+         "than half of them dead-lettered holds it until an operator resumes it.",
+         lambda value: whole(value) and 2 <= value <= 10_000),
     *(
         Rule(name, "cleanup.E027", f"a whole number of milliseconds from 1 to {PG_INT_MAX}",
              f"Set how long {what}; PostgreSQL reads 0 as no limit, which lets a frozen "

@@ -37,6 +37,14 @@ def _fast_retries_and_fixed_chunk_sizes(settings):
 
 
 @pytest.fixture
+def row_locks_waited(settings):
+    """A chunk's statement waits for a learner's row lock as long as the lock timeout
+    (5 s), so a test can watch it wait; by default it gives up after 50 ms and goes on
+    without the row (tests/test_locked_rows.py)."""
+    settings.CLEANUP_ROW_LOCK_WAIT_MS = settings.CLEANUP_LOCK_TIMEOUT_MS = 5000
+
+
+@pytest.fixture
 def section(db):
     return SectionFactory(capacity=1000)
 

@@ -50,6 +50,8 @@ CHECKED_BY = {
     "IDLE_IN_TRANSACTION_TIMEOUT_MS": "cleanup.E027",
     "SYNC_LEASE_SECONDS": "cleanup.E028",
     "NODE_NAME": "cleanup.E029",
+    "ROW_LOCK_WAIT_MS": "cleanup.E030",
+    "FAILING_CHUNKS": "cleanup.E031",
 }
 
 

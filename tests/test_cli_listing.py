@@ -1,5 +1,6 @@
-"""The listing commands: a run's chunks (cleanup_chunks) and the registered policies
-(cleanup_policies), in text with thousands separators and in JSON."""
+"""The listing commands: recent runs (cleanup_runs), a run's chunks (cleanup_chunks) and
+the registered policies (cleanup_policies), in text with thousands separators and in
+JSON."""
 
 from __future__ import annotations
 
@@ -12,14 +13,17 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_q.models import OrmQ
 
 from cleanup import policies
 from cleanup.engine.dispatch import dispatch
 from cleanup.engine.worker import apply_chunk
-from cleanup.models import Chunk
+from cleanup.models import Chunk, Run
 from cleanup.observability.overview import overview
+from cleanup.observability.status import run_summary
 from tests.engine_app.models import Lease
 
 pytestmark = pytest.mark.django_db
@@ -137,3 +141,90 @@ def test_policies_says_a_policy_never_ran_and_an_installed_schedule_plainly(db):
         "  last run  none yet",
         "  backlog   none",
     ]
+
+
+def ledger(runs: int) -> list[Run]:
+    """``runs`` runs a minute apart, newest first, of a delete policy, an update policy and
+    a policy no longer registered, one in four still running; each with a chunk acknowledged,
+    committed, dead-lettered and planned, the second also one in a state the code does not
+    know."""
+    now = timezone.now()
+    made = Run.objects.bulk_create(
+        Run(policy=("expire-leases", "flag-leases", "retired-rule")[i % 3],
+            dispatch_key=f"listed-{i}", cutoff=now - timedelta(minutes=i, hours=1),
+            scheme="items", trigger="schedule", chunks_planned=4, candidates=4000,
+            state=Run.State.RUNNING if i % 4 == 0 else Run.State.COMPLETED_WITH_DEAD_LETTERS,
+            planned_all=i % 4 != 0, created_at=now - timedelta(minutes=i),
+            finished_at=None if i % 4 == 0 else now - timedelta(minutes=i, seconds=-30))
+        for i in range(runs))
+    states = ("acknowledged", "committed", "dead_lettered", "planned")
+    Chunk.objects.bulk_create(
+        Chunk(run=run, chunk_id=number, state=state, message={"chunk_id": number},
+              rows_deleted=0 if run.policy == "flag-leases" else 1000 + number,
+              rows_updated=1000 + number if run.policy != "expire-leases" else 0)
+        for run in made for number, state in enumerate(states, 1))
+    Chunk.objects.bulk_create([Chunk(run=made[1], chunk_id=5, state="bogus", message={})])
+    return made
+
+
+def listing_queries(*args) -> list[str]:
+    with CaptureQueriesContext(connection) as captured:
+        call_command("cleanup_runs", *args, stdout=StringIO())
+    return [query["sql"] for query in captured.captured_queries]
+
+
+def test_runs_listing_costs_the_same_queries_for_3_runs_as_for_30(db):
+    ledger(40)
+
+    assert len(listing_queries("--limit", "3")) == len(listing_queries("--limit", "30"))
+    assert len(listing_queries("--limit", "3", "--json")) == len(
+        listing_queries("--limit", "30", "--json"))
+    assert len(listing_queries("--limit", "3", "--found-work")) == len(
+        listing_queries("--limit", "30", "--found-work"))
+
+
+def test_runs_listing_reads_the_chunks_of_the_runs_it_shows_and_no_others(db):
+    runs = ledger(40)
+    shown, not_shown = runs[:3], runs[3:]
+
+    reading_chunks = [sql for sql in listing_queries("--limit", "3")
+                      if '"cleanup_chunk"' in sql]
+
+    def names(run: Run) -> bool:  # Django sends a uuid as its 32 hex digits
+        return run.pk.hex in reading_chunks[0] or str(run.pk) in reading_chunks[0]
+
+    assert len(reading_chunks) == 1
+    assert all(names(run) for run in shown)
+    assert not any(names(run) for run in not_shown)
+
+
+def test_runs_listing_counts_the_runs_behind_a_full_page_only(db):
+    ledger(40)
+
+    assert run_json("cleanup_runs", "--limit", "3")["total"] == 40
+    assert run_json("cleanup_runs", "--limit", "40")["total"] == 40
+    assert run_json("cleanup_runs", "--limit", "41")["total"] == 40
+    assert text("cleanup_runs", "--limit", "3")[-1] == "(3 of 40 runs; --limit for more)"
+    # Everything matching is shown: there is nothing left to count.
+    assert not any("COUNT(*)" in sql and 'FROM "cleanup_run"' in sql
+                   for sql in listing_queries("--limit", "41"))
+
+
+def test_runs_listing_shows_what_run_summary_reads_of_each_run(db):
+    ledger(12)
+    fields = ("run_id", "policy", "scheme", "state", "trigger", "cutoff", "planned_all",
+              "mutation", "rows_changed", "rows_deleted", "rows_updated", "created_at",
+              "finished_at")
+
+    listed = run_json("cleanup_runs", "--limit", "12")["runs"]
+
+    assert len(listed) == 12
+    for row in listed:
+        summary = run_summary(Run.objects.get(pk=row["run_id"]))
+        assert {name: row[name] for name in fields} == {name: summary[name] for name in fields}
+        chunks = dict(row["chunks"])
+        assert chunks.pop("done") == summary["chunks"]["committed"] + summary["chunks"][
+            "acknowledged"]
+        assert chunks == summary["chunks"]
+    assert {row["mutation"] for row in listed} == {"delete", "update"}
+    assert "bogus" in listed[1]["chunks"]

@@ -155,6 +155,7 @@ def renew_as_learner(hold_id: int, pids: queue.Queue):
     return renew_hold(hold_id)
 
 
+@pytest.mark.usefixtures("row_locks_waited")
 def test_a_renewal_blocked_by_a_chunk_shrinks_the_next_chunks_until_the_waits_stop(
         learning, paced_deletes, section):
     expired = {hold.pk for hold in SeatHoldFactory.create_batch(EXPIRED, section=section,

@@ -266,6 +266,7 @@ def test_a_renewal_between_planning_and_the_update_keeps_the_reminder_pending(se
     assert (chunk.rows_updated, chunk.items_skipped) == (1, 1)
 
 
+@pytest.mark.usefixtures("row_locks_waited")
 @pytest.mark.django_db(transaction=True)  # the renewal and the chunk on their own connections
 @pytest.mark.parametrize("renewed_at", [
     lambda hold: timezone.now(),

@@ -114,6 +114,7 @@ def test_expire_holds_logs_its_idempotency_keys_under_the_reservation_prefix(exp
     assert len(keys) == 5
 
 
+@pytest.mark.usefixtures("row_locks_waited")
 @pytest.mark.django_db(transaction=True)  # the renewal holds its lock from a second connection
 @pytest.mark.parametrize("scheme", ["items", "range"])
 def test_renew_hold_holding_the_row_lock_survives_a_waiting_delete(scheme):

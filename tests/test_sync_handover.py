@@ -18,10 +18,12 @@ from io import StringIO
 import psycopg
 import pytest
 from django.core.management import call_command
+from django.db import OperationalError
 from django.utils import timezone
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
+from cleanup import faults
 from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk, Run
 from tests.conftest import ROOT, database_url, subprocess_env
@@ -40,10 +42,11 @@ def leases_in_expiry_order(count: int) -> list[Lease]:
             for i in range(count)]
 
 
-def locked_elsewhere(lease: Lease) -> psycopg.Connection:
-    """A second real connection holding the row lock of ``lease`` (a long renewal)."""
+def table_locked_elsewhere() -> psycopg.Connection:
+    """A second real connection keeping the leases from being deleted (a migration's
+    lock of the table): a lock no skipping of locked rows gets past."""
     holder = psycopg.connect(database_url())
-    holder.execute(f"SELECT 1 FROM {Lease._meta.db_table} WHERE id = %s FOR UPDATE", [lease.pk])
+    holder.execute(f"LOCK TABLE {Lease._meta.db_table} IN SHARE MODE")
     return holder
 
 
@@ -74,16 +77,19 @@ def finish_from_the_queue(run: Run) -> None:
 
 def test_a_sync_chunk_locked_past_the_in_task_retries_is_left_to_the_queue(settings,
                                                                            chunk_size):
-    settings.CLEANUP_LOCK_TIMEOUT_MS = 100
     settings.CLEANUP_TRANSIENT_RETRIES = 1
     chunk_size("expire-leases", 2)
-    leases = leases_in_expiry_order(8)
-    holder = locked_elsewhere(leases[4])  # in chunk #3
+    leases_in_expiry_order(8)
+    attempts = []
+
+    def third_chunk_times_out():
+        attempts.append(1)
+        if len(attempts) > 2:  # chunks #1 and #2 went
+            raise OperationalError("canceling statement due to lock timeout")
+
     out = StringIO()
-    try:
+    with faults.injected(faults.BEFORE_CHUNK_LOCK, third_chunk_times_out):
         call_command("cleanup_dispatch", "--policy", "expire-leases", "--sync", stdout=out)
-    finally:
-        holder.close()
 
     run = Run.objects.get()
     (line,) = out.getvalue().splitlines()
@@ -102,7 +108,7 @@ def test_a_sync_chunk_locked_past_the_in_task_retries_is_left_to_the_queue(setti
 SETTINGS = """
 from tests.settings import *  # noqa: F403
 
-# Chunks of 20 leases; a row lock gives up within a fifth of a second, retried once.
+# Chunks of 20 leases; a lock wait gives up within a fifth of a second, retried once.
 LEASES_EXPIRE_CHUNK_SIZE = 20
 CLEANUP_CHUNK_BUDGET_MS = 0
 CLEANUP_LOCK_TIMEOUT_MS = 200
@@ -114,7 +120,7 @@ def test_sync_json_with_a_row_locked_past_the_retries_is_one_object_and_exit_0(t
     (tmp_path / "locked_settings.py").write_text(SETTINGS)
     leases = leases_in_expiry_order(100)
     renewed = LeaseFactory(account=leases[0].account)  # not expired: never deleted
-    holder = locked_elsewhere(leases[50])  # in chunk #3
+    holder = table_locked_elsewhere()
     try:
         process = subprocess.run(
             [sys.executable, str(ROOT / "manage.py"), "cleanup_dispatch", "--policy",
@@ -133,14 +139,14 @@ def test_sync_json_with_a_row_locked_past_the_retries_is_one_object_and_exit_0(t
     assert (result["run_id"], result["state"], result["eligible"]) == (
         str(run.id), "running", 100)
     assert result["sync"] == {
-        "chunks_applied": 2, "rows_changed": 40, "handed_to_queue": True, "failed_chunk": 3,
+        "chunks_applied": 0, "rows_changed": 0, "handed_to_queue": True, "failed_chunk": 1,
         "cause": LOCK_TIMEOUT,
-        "note": f'chunk #3 met "{LOCK_TIMEOUT}" past 1 in-task retries: the run is handed to '
+        "note": f'chunk #1 met "{LOCK_TIMEOUT}" past 1 in-task retries: the run is handed to '
                 "the queue, which retries it",
     }
     assert result["summary"].endswith(
-        "applied here: 40 of 100 rows deleted in 2 chunks; " + result["sync"]["note"] + ".")
-    assert_handed_to_the_queue_with_chunk_retrying(run, failed=3)
+        "applied here: 0 of 100 rows deleted in 0 chunks; " + result["sync"]["note"] + ".")
+    assert_handed_to_the_queue_with_chunk_retrying(run, failed=1)
 
     finish_from_the_queue(run)
     assert sum(c.rows_deleted for c in run.chunks.all()) == 100

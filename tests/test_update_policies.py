@@ -111,6 +111,7 @@ def test_an_update_needs_an_assignment_and_no_delete_hook():
     assert flag_policy().mutation == "update"
 
 
+@pytest.mark.usefixtures("row_locks_waited")
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("scheme", [ITEMS, RANGE])
 def test_a_change_holding_the_row_lock_survives_a_waiting_update(scheme):

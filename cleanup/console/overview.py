@@ -1,5 +1,5 @@
 """The overview page: per policy, backlog, stalled work, missed schedules, dead letters,
-and whether any cluster takes work."""
+and whether any cluster takes work; the holds a policy removed by a deploy left open."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from cleanup.console.forms import PauseForm
 from cleanup.engine import holds, operations
 from cleanup.exceptions import CleanupError
 from cleanup.observability import health as health_report
-from cleanup.observability.overview import banner, overview
+from cleanup.observability.overview import banner, gone_policies, overview
+from cleanup.policies import all_policies
 
 OVERVIEW_REFRESH_SECONDS = 5
 
@@ -42,14 +43,16 @@ class CleanupOverviewAdmin(LedgerAdmin):
             raise PermissionDenied
         now = timezone.now()
         policies = overview(now)
+        gone = gone_policies(now)
         clusters = health_report.report()[1].get("clusters", [])
         context = {
             **self.admin_site.each_context(request),
             "title": "Cleanup overview",
             "opts": self.opts,
             "policies": policies,
+            "gone_policies": gone,
             "clusters": clusters,
-            "alerts": banner(policies, clusters),
+            "alerts": banner(policies, clusters, gone),
             "now": now,
             "lease": lease(),
             "refresh_seconds": OVERVIEW_REFRESH_SECONDS,
@@ -64,13 +67,18 @@ class CleanupOverviewAdmin(LedgerAdmin):
         return self._hold_page(request, policy, pause=True)
 
     def resume_view(self, request, policy):
-        """Resume a paused policy after a confirmation; its window refills at once."""
+        """Resume a paused policy after a confirmation; its window refills at once. A
+        policy no longer registered has every hold it left open ended (a name with none
+        is refused by the service)."""
         return self._hold_page(request, policy, pause=False)
 
     def _hold_page(self, request, policy, *, pause: bool):
         if not self.has_pause_permission(request):
             raise PermissionDenied
         form = PauseForm(request.POST or None) if pause else None
+        held = holds.open_holds(policy)
+        # Removed by a deploy with holds left open; a name with none is refused below.
+        gone = bool(held) and policy not in {known.name for known in all_policies()}
         back = HttpResponseRedirect(reverse("admin:cleanup_cleanupoverview_changelist"))
         if request.method == "POST" and (form is None or form.is_valid()):
             actor = request.user.get_username()
@@ -88,6 +96,9 @@ class CleanupOverviewAdmin(LedgerAdmin):
                 text = f"{policy} was already {described}; nothing changed."
             elif pause:
                 text = f"Paused {policy}: nothing new is planned until it is resumed."
+            elif gone:
+                text = (f"Ended the holds of {policy}, which is no longer registered; it "
+                        f"was {described}.")
             else:
                 text = (f"Resumed {policy} after it was {described}; "
                         f"{change.planned} chunks planned now.")
@@ -97,8 +108,8 @@ class CleanupOverviewAdmin(LedgerAdmin):
         context = {
             **self.admin_site.each_context(request),
             "title": f"{'Pause' if pause else 'Resume'} {policy}",
-            "opts": self.opts, "policy": policy, "form": form, "pause": pause,
-            "held": [holds.describe(hold) for hold in holds.open_holds(policy)],
+            "opts": self.opts, "policy": policy, "form": form, "pause": pause, "gone": gone,
+            "held": [holds.describe(hold) for hold in held],
         }
         return TemplateResponse(request, "admin/cleanup/cleanupoverview/hold_form.html",
                                 context)

@@ -1,12 +1,13 @@
 """Holds: times a policy plans and sends nothing new.
 
-An operator pauses a policy (``cleanup_pause``, cleanup.engine.operations), or the
+An operator pauses a policy (``cleanup_pause``, cleanup.engine.operations), the
 database's pressure holds it (cleanup.engine.pressure: a standby replaying too far
-behind, a failing indicator). While a hold is open, topping up the window plans
-nothing for the policy's runs (cleanup.engine.window), a dispatch creates its run and
-says it is held, and scheduled slots still coalesce into the run in flight. Chunks
-already sent finish; nothing is dead-lettered, retried or failed for being held, and
-the runs stay running. A pause ends when it is resumed; a pressure hold when its
+behind, a failing indicator), or its chunks mostly fail (cleanup.engine.failing).
+While a hold is open, topping up the window plans nothing for the policy's runs
+(cleanup.engine.window), a dispatch creates its run and says it is held, and
+scheduled slots still coalesce into the run in flight. Chunks already sent finish;
+nothing is dead-lettered, retried or failed for being held, and the runs stay running.
+A pause and a failing hold end when the policy is resumed; a pressure hold when its
 signal clears, the window then refilling by itself.
 
 Every hold is kept, ended or not, with its reason, its figures and who began and ended
@@ -41,7 +42,7 @@ def record_pressure(policy_name: str, signal: Signal, held: list[Hold]) -> None:
     its figures follow the latest reading, and it ends once the signal clears or names
     another reason. ``held`` is the policy's open holds, as read by the caller."""
     now = timezone.now()
-    pressure = [hold for hold in held if hold.reason != Hold.PAUSED]
+    pressure = [hold for hold in held if hold.reason not in Hold.ENDED_BY_OPERATOR]
     holding = signal.level is Level.HOLD
     for hold in pressure:
         if holding and hold.reason == signal.reason:
@@ -74,6 +75,8 @@ def describe(hold: Hold, now: datetime | None = None) -> str:
     if hold.reason == Hold.PAUSED:
         who = f" by {hold.actor}" if hold.actor else ""
         return f"paused {took}{who}: {hold.detail}"
+    if hold.reason == Hold.FAILING:
+        return f"failing {took}, held until resumed: {hold.detail}"
     return f"held {took}: {hold.detail or hold.reason}"
 
 

@@ -187,28 +187,36 @@ def pause_policy(policy_name: str, reason: str, *, actor: str = "") -> holds.Hol
 
 
 def resume_policy(policy_name: str, *, actor: str = "") -> holds.HoldChange:
-    """End the policy's pause and top its window up now; a policy not paused is left
-    as it is (``changed`` False, with its last pause if it had one). A policy no longer
+    """End the policy's pause and its failing hold (cleanup.engine.failing), whichever
+    are open, and top its window up now; a policy with neither is left as it is
+    (``changed`` False, with its last pause if it had one). A policy no longer
     registered (removed by a deploy) has every open hold ended: nothing else would."""
     try:
         policy = get_policy(policy_name)
     except UnknownPolicy:
         return _end_holds_of_a_gone_policy(policy_name, actor)
     with transaction.atomic():
-        hold = (Hold.objects.select_for_update()
-                .filter(policy=policy.name, reason=Hold.PAUSED, ended_at__isnull=True).first())
-        if hold is None:
+        ended = list(Hold.objects.select_for_update().order_by("began_at").filter(
+            policy=policy.name, reason__in=Hold.ENDED_BY_OPERATOR, ended_at__isnull=True))
+        if not ended:
             last = Hold.objects.filter(policy=policy.name, reason=Hold.PAUSED).first()
             if last is None:
-                raise CleanupError(f"policy {policy.name!r} is not paused")
+                raise CleanupError(f"policy {policy.name!r} is not paused, nor held for "
+                                   "failing")
             return holds.HoldChange(last, changed=False)
-        hold.ended_at, hold.ended_by = timezone.now(), actor
-        hold.save(update_fields=["ended_at", "ended_by"])
-    # Its own transaction, after the hold ended: the window refills as a chunk's end would.
+        now = timezone.now()
+        Hold.objects.filter(pk__in=[hold.pk for hold in ended]).update(ended_at=now,
+                                                                       ended_by=actor)
+    for hold in ended:
+        hold.ended_at, hold.ended_by = now, actor
+    # Its own transaction, after the holds ended: the window refills as a chunk's end
+    # would.
     planned = window.top_up_now(policy.name)
-    log.info("policy resumed", policy=policy.name, actor=actor, planned=planned,
-             held_for=str(hold.ended_at - hold.began_at))
-    return holds.HoldChange(hold, changed=True, planned=planned)
+    for hold in ended:
+        log.info("policy resumed", policy=policy.name, reason=hold.reason, actor=actor,
+                 planned=planned, held_for=str(hold.ended_at - hold.began_at))
+    pause = next((hold for hold in ended if hold.reason == Hold.PAUSED), ended[0])
+    return holds.HoldChange(pause, changed=True, planned=planned)
 
 
 def _end_holds_of_a_gone_policy(policy_name: str, actor: str) -> holds.HoldChange:

@@ -15,19 +15,19 @@ from collections.abc import Iterable
 import structlog
 from django.db import transaction
 
-from cleanup.engine import transitions, window
+from cleanup.engine import failing, transitions, window
 from cleanup.models import Chunk, Run
 
 log = structlog.get_logger("cleanup.ledger")
 
 
 def commit(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
-           updated: int = 0, cpu_wait: float | None = None,
+           updated: int = 0, locked: int = 0, cpu_wait: float | None = None,
            policy: str | None = None) -> bool:
     """``transitions.commit``, then the window topped up and the run settled
     (``policy``: the run's, where the caller knows it)."""
     committed = transitions.commit(chunk, deleted=deleted, retries=retries, elapsed=elapsed,
-                                   updated=updated, cpu_wait=cpu_wait)
+                                   updated=updated, locked=locked, cpu_wait=cpu_wait)
     if committed:
         advance_and_settle(chunk.run_id, policy=policy)
     return committed
@@ -35,10 +35,13 @@ def commit(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
 
 def dead_letter(chunk: Chunk, reason: str, failure_class: str, *, received: str = "") -> bool:
     """``transitions.dead_letter`` in a savepoint with the top-up and the settling; False
-    if the chunk had finished (a committed chunk is never dead-lettered)."""
+    if the chunk had finished (a committed chunk is never dead-lettered). A run whose
+    chunks mostly fail holds its policy first (cleanup.engine.failing), so the top-up
+    plans nothing more of it."""
     with transaction.atomic():
         dead = transitions.dead_letter(chunk, reason, failure_class, received=received)
         if dead:
+            failing.weigh(chunk.run_id)
             advance_and_settle(chunk.run_id)
     if dead:
         log.warning(

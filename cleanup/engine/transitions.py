@@ -49,11 +49,12 @@ def enqueue(pks: Iterable[int], now: datetime | None = None) -> int:
 
 
 def commit(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
-           updated: int = 0, cpu_wait: float | None = None) -> bool:
+           updated: int = 0, locked: int = 0, cpu_wait: float | None = None) -> bool:
     """unfinished → committed, with the outcome, in the transaction of the chunk's DELETE.
 
     ``elapsed`` covers the transaction up to this write (the commit itself is not in
-    it); ``cpu_wait`` is how much of it the worker spent waiting for a CPU.
+    it); ``cpu_wait`` is how much of it the worker spent waiting for a CPU; ``locked``
+    the eligible rows it skipped because another transaction kept them locked.
     """
     updated = Chunk.objects.filter(pk=chunk.pk, state__in=UNFINISHED).update(
         duration_ms=round(elapsed * 1000),
@@ -62,7 +63,9 @@ def commit(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
         committed_at=timezone.now(),
         rows_deleted=F("rows_deleted") + deleted,
         rows_updated=F("rows_updated") + updated,
-        items_skipped=F("items_skipped") + max(chunk.planned_rows - deleted - updated, 0),
+        items_skipped=F("items_skipped") + max(chunk.planned_rows - deleted - updated - locked,
+                                               0),
+        rows_locked=F("rows_locked") + locked,
         deliveries_completed=F("deliveries_completed") + 1,
         noop_deliveries=F("noop_deliveries") + (0 if deleted or updated else 1),
         transient_retries=F("transient_retries") + retries,

@@ -91,7 +91,8 @@ def top_up(policy_name: str, *, strict: bool = False, recheck: bool = True) -> i
     held = holds.open_holds(policy.name)
     signal = pressure.check(policy)
     holds.record_pressure(policy.name, signal, held)
-    if any(hold.reason == Hold.PAUSED for hold in held) or signal.level is Level.HOLD:
+    if any(hold.reason in Hold.ENDED_BY_OPERATOR for hold in held) or (
+            signal.level is Level.HOLD):
         # Nothing new until the hold ends (cleanup.engine.holds); with nothing in flight
         # whose end would look again, a recheck task does.
         if recheck and signal.level is Level.HOLD and not in_flight(policy.name):
@@ -287,7 +288,7 @@ def recheck(policy_name: str) -> int:
             with transaction.atomic():
                 planned = top_up(policy_name, recheck=False)
                 held = (Hold.objects.filter(policy=policy_name, ended_at__isnull=True)
-                        .exclude(reason=Hold.PAUSED).exists())
+                        .exclude(reason__in=Hold.ENDED_BY_OPERATOR).exists())
             if not held:
                 return planned
     finally:

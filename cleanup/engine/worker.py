@@ -35,6 +35,8 @@ TRANSIENT_ERRORS = (OperationalError, InterfaceError)
 # A process that froze mid-chunk wakes up to one of them: its chunk is redelivered,
 # never dead-lettered for it.
 SESSION_ENDED = ("25P03", "57P01", "57P02", "57P03")
+# A lock wait that outlasted lock_timeout.
+LOCK_NOT_AVAILABLE = "55P03"
 
 
 class CommitFailed(OperationalError):
@@ -94,18 +96,24 @@ def apply_chunk(raw, *, leased: bool = False) -> Outcome:
     if chunk is None or chunk.state == Chunk.State.DEAD_LETTERED:
         return Outcome.DEAD_LETTERED
 
-    retries = 0
+    retries, skip_locked = 0, False
     while True:
         # The pressure is read here, where this process holds no learner's row; inside
         # the chunk's transaction the host's indicators are not read again.
         pressure.check(policy)
         try:
             with pressure.holding_rows():
-                return _apply(chunk, message, policy, retries, leased=leased)
+                return _apply(chunk, message, policy, retries, leased=leased,
+                              skip_locked=skip_locked)
         except LeaseLost:
             raise
         except Exception as exc:
             _reset_broken_connection()
+            if not skip_locked and _lock_wait_ran_out(exc):
+                # Learners' rows another transaction keeps locked: the chunk goes again
+                # at once without them, and a later pass takes them.
+                skip_locked, retries = True, retries + 1
+                continue
             if not transient(exc):
                 # Deterministic (a bug, a predicate the database rejects): another
                 # delivery would fail the same way.
@@ -132,7 +140,7 @@ def chunk_statement(policy: Policy, message: ChunkMessage, frozen: dict[str, dat
 
 
 def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int, *,
-           leased: bool = False) -> Outcome:
+           leased: bool = False, skip_locked: bool = False) -> Outcome:
     started, waited = time.monotonic(), cpu_wait.waited()
     with _chunk_transaction():
         bound_transaction(chunk_session=True)
@@ -149,18 +157,18 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int, *,
         # Read after the chunk's lock is granted, in a statement of its own: joined to
         # the locking read, the run's row would be the one from before a wait for the
         # lock, and would miss a cancel that committed meanwhile.
-        if state in Chunk.UNFINISHED and Run.objects.filter(
-                pk=current.run_id, state=Run.State.CANCELLED).exists():
+        if state in Chunk.UNFINISHED and _cancelled_meanwhile(
+                current.run_id, row_lock_wait=not skip_locked):
             # Cancelled while a delivery held this chunk: nothing more is deleted.
             transitions.cancel_late(current)
             state = Chunk.State.CANCELLED
+        deleted = updated = locked = 0
         if state not in Chunk.UNFINISHED:
             transitions.count_noop(current, retries=retries)
-            deleted = updated = 0
             outcome = Outcome.NOOP
         else:
-            statement = chunk_statement(policy, message, chunk.run.frozen)
-            deleted = updated = 0
+            eligible = chunk_statement(policy, message, chunk.run.frozen)
+            statement = _without_locked_rows(eligible) if skip_locked else eligible
             if policy.update is not None:
                 # One UPDATE with the whole predicate in its own WHERE, as for a DELETE.
                 updated = statement.update(**policy.update)
@@ -171,8 +179,12 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int, *,
                     policy.before_delete(statement)
                 deleted, _ = statement.delete()
                 outcome = Outcome.DELETED if deleted else Outcome.NOOP
-            outcomes.commit(current, deleted=deleted, updated=updated, retries=retries,
-                            elapsed=time.monotonic() - started,
+            if skip_locked:
+                # What is still eligible here is what others kept locked: the rows this
+                # transaction changed are gone from its sight or no longer eligible.
+                locked = eligible.count()
+            outcomes.commit(current, deleted=deleted, updated=updated, locked=locked,
+                            retries=retries, elapsed=time.monotonic() - started,
                             cpu_wait=cpu_wait.since(waited), policy=policy.name)
             faults.reach(faults.BEFORE_COMMIT)
     log.info(
@@ -185,6 +197,7 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int, *,
         rows_changed=deleted + updated,
         rows_deleted=deleted,
         rows_updated=updated,
+        rows_locked=locked,
         planned_rows=current.planned_rows,
         already=state if state not in Chunk.UNFINISHED else None,
         transient_retries=retries,
@@ -197,6 +210,32 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int, *,
             log.debug("item", run_id=message.run_id, chunk_id=message.chunk_id,
                       idempotency_key=f"{policy.idempotency_prefix}:{pk}:{text}")
     return outcome
+
+
+def _without_locked_rows(eligible):
+    """The chunk's statement narrowed to the eligible rows no other transaction keeps
+    locked, which it locks first (``FOR UPDATE SKIP LOCKED``): nothing waits for the
+    others. The whole predicate stays in the statement's own WHERE, so a row renewed
+    between the lock and the DELETE survives."""
+    unlocked = eligible.select_for_update(skip_locked=True).order_by().values("pk")
+    return eligible.filter(pk__in=unlocked)
+
+
+def _cancelled_meanwhile(run_id, *, row_lock_wait: bool) -> bool:
+    """Whether the run was cancelled; in the same round trip, the lock waits of the
+    rest of the transaction are bounded: by ``CLEANUP_ROW_LOCK_WAIT_MS`` where the
+    chunk's statement may wait for learners' rows (kept locked longer, they are
+    skipped), else by the lock timeout as before."""
+    wait = min(conf.ROW_LOCK_WAIT_MS, conf.LOCK_TIMEOUT_MS) if row_lock_wait else (
+        conf.LOCK_TIMEOUT_MS)
+    with connection.cursor() as cursor:
+        cursor.execute(_RUN_STATE_AND_LOCK_WAIT, [f"{wait}ms", run_id])
+        row = cursor.fetchone()
+    return row is not None and row[0] == Run.State.CANCELLED
+
+
+def _lock_wait_ran_out(exc: BaseException) -> bool:
+    return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
 
 
 def _locked(doomed):
@@ -326,6 +365,9 @@ def _dead_letter_message(raw, exc: Exception) -> Outcome:
     return Outcome.DEAD_LETTERED
 
 
+# A chunk's run's state, with the bound of the lock waits that follow it.
+_RUN_STATE_AND_LOCK_WAIT = ("SELECT state, set_config('lock_timeout', %s, true) "
+                            f'FROM "{Run._meta.db_table}" WHERE id = %s')
 # What bounds a chunk's transaction, set for the transaction only (a pooled server
 # connection keeps none of it): a lock wait, a statement, and time idle in it.
 _BOUNDS = ("SELECT set_config('lock_timeout', %s, true), "

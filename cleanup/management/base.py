@@ -28,6 +28,18 @@ def count(n: int, word: str) -> str:
     return f"{number(n)} {word}" + ("" if n == 1 else "s")
 
 
+def gone_policy_lines(gone: list[dict]) -> list[str]:
+    """A result's ``gone_policy_holds`` in words: each policy a deploy removed while it
+    was held, its holds, and the command that ends them (nothing else would)."""
+    lines = []
+    for policy in gone:
+        lines.append(f"{policy['policy']} is no longer registered (removed by a deploy) and "
+                     "is still held:")
+        lines += [f"  {hold['described']}" for hold in policy["holds"]]
+        lines.append(f"  end it with: {policy['resume_command']}")
+    return lines
+
+
 def _shown(text: str) -> str:
     """The refused text as a refusal quotes it: a pasted megabyte stays one short line."""
     return repr(text if len(text) <= 40 else text[:40] + "...")

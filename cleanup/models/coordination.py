@@ -29,14 +29,21 @@ class WorkerHeartbeat(models.Model):
 
 
 class Hold(models.Model):
-    """A time a policy planned and sent nothing new: paused by an operator. Open while
-    ``ended_at`` is empty; chunks in flight finish meanwhile, and runs stay running."""
+    """A time a policy planned and sent nothing new: paused by an operator, held by the
+    database's pressure, or failing. Open while ``ended_at`` is empty; chunks in flight
+    finish meanwhile, and runs stay running."""
 
     PAUSED = "paused"
+    # Most of a run's last chunks were dead-lettered (cleanup.engine.failing).
+    FAILING = "failing"
+    # The holds only an operator ends (a resume); the pressure's end by themselves.
+    ENDED_BY_OPERATOR = (PAUSED, FAILING)
 
     policy = models.CharField(max_length=100)
-    reason = models.CharField(max_length=64)  # "paused"
+    reason = models.CharField(max_length=64)  # "paused", "failing", a pressure's
     detail = models.TextField(blank=True)  # why, in words: the operator's reason
+    # A failing hold's: the most common cause of the dead letters (what the alert says).
+    cause = models.CharField(max_length=255, blank=True, default="")
     value = models.FloatField(null=True, blank=True)  # a measured pressure, and its limit
     limit = models.FloatField(null=True, blank=True)
     actor = models.CharField(max_length=150, blank=True)  # who began it

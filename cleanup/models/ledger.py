@@ -190,6 +190,10 @@ class Chunk(models.Model):
     items_skipped = models.PositiveIntegerField(
         default=0, help_text="Planned rows no longer eligible when the chunk ran."
     )
+    rows_locked = models.PositiveIntegerField(
+        default=0, help_text="Eligible rows another transaction kept locked past the row "
+        "lock wait: left for a later pass (skipped: locked)."
+    )
     last_error = models.TextField(
         blank=True, help_text="The last real error a delivery met, in full (a traceback)."
     )

@@ -41,6 +41,7 @@ CHUNK_SUMS = {
     "rows_updated": Sum("rows_updated"),
     "noop_deliveries": Sum("noop_deliveries"),
     "items_skipped": Sum("items_skipped"),
+    "rows_locked": Sum("rows_locked"),
     "retryable_failures": Sum("transient_retries") + Sum("failures"),
     "chunks_committed": Count("pk", filter=_committed),
     "dead_lettered": Sum("dead_letters"),

@@ -42,6 +42,8 @@ from cleanup.scheduling import triggers
 from cleanup.scheduling.schedules import NAME_PREFIX
 
 UNKNOWN_POLICY = "unknown"
+# How much of a failing hold's cause its label carries.
+FAILING_CAUSE_SHOWN = 120
 
 # family name, help text, key in the counter sums
 COUNTERS = [
@@ -58,6 +60,9 @@ COUNTERS = [
     ("cleanup_items_skipped",
      "Planned rows no longer eligible when their chunk ran (renewed, confirmed, gone).",
      "items_skipped"),
+    ("cleanup_rows_locked",
+     "Eligible rows a chunk skipped because another transaction kept them locked past "
+     "CLEANUP_ROW_LOCK_WAIT_MS; a later pass takes them.", "rows_locked"),
     ("cleanup_retryable_failures",
      "Transient errors: retries inside a delivery plus deliveries left for redelivery.",
      "retryable_failures"),
@@ -95,16 +100,26 @@ class LedgerCollector:
         seconds = CounterMetricFamily("cleanup_held_seconds",
                                       "Seconds the policy has spent held, per reason.",
                                       labels=["policy", "reason"])
+        failing = GaugeMetricFamily(
+            "cleanup_policy_failing",
+            "Dead letters among a run's last CLEANUP_FAILING_CHUNKS chunks, while they hold "
+            "its policy (reason failing) until an operator resumes it; cause: the most "
+            "common.", labels=["policy", "cause"])
         spent = {}
-        for hold in Hold.objects.only("policy", "reason", "began_at", "ended_at"):
+        for hold in Hold.objects.only("policy", "reason", "began_at", "ended_at", "cause",
+                                      "value"):
             key = (hold.policy, hold.reason)
             spent[key] = spent.get(key, 0.0) + _age(hold.ended_at or now, hold.began_at)
             if hold.ended_at is None:
                 held.add_metric(list(key), 1)
+                if hold.reason == Hold.FAILING:
+                    failing.add_metric([hold.policy, hold.cause[:FAILING_CAUSE_SHOWN]],
+                                       hold.value or 0)
         for key, total in sorted(spent.items()):
             seconds.add_metric(list(key), total)
         yield held
         yield seconds
+        yield failing
         lag = GaugeMetricFamily(
             "cleanup_replica_lag_seconds",
             "Replay lag of the most lagging streaming standby, read on the primary from "

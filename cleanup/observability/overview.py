@@ -3,12 +3,15 @@
 "Missed schedule" (the scheduler did not fire a slot that is due) and "stalled work"
 (chunks sent, or slots fired, and not finished within the lease) are separate signals
 with separate owners: the first points at the scheduler, the second at workers or the
-database (see cleanup.scheduling.triggers).
+database (see cleanup.scheduling.triggers). Holds left open by a policy a deploy removed
+are listed apart: no registered policy reads them.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -22,7 +25,7 @@ from cleanup import display
 from cleanup.conf import conf, lease
 from cleanup.engine import holds
 from cleanup.expressions import Clamped
-from cleanup.models import Chunk, Run
+from cleanup.models import Chunk, Hold, Run
 from cleanup.policies import Policy, all_policies
 from cleanup.scheduling import triggers
 from cleanup.scheduling.schedules import NAME_PREFIX
@@ -126,8 +129,50 @@ class PolicyOverview:
         return found
 
 
-def banner(policies: list[PolicyOverview], clusters: list[dict]) -> list[Alert]:
-    """Every alert the overview shows at its top: the clusters', then each policy's."""
+@dataclass(frozen=True)
+class GonePolicy:
+    """A policy a deploy removed while it was held: its holds stay open, and its
+    ``cleanup_policy_held`` at 1, until an operator resumes it by name."""
+
+    policy: str
+    open_holds: tuple[Hold, ...]  # oldest first
+    now: datetime
+
+    @property
+    def held(self) -> tuple[str, ...]:
+        return tuple(holds.describe(hold, self.now) for hold in self.open_holds)
+
+    @property
+    def resume_command(self) -> str:
+        return f"manage.py cleanup_resume --policy {shlex.quote(self.policy)}"
+
+    def alert(self) -> Alert:
+        return Alert(self.policy, "held-gone", "Held, and no longer registered",
+                     f"{'; '.join(self.held)}; the policy was removed by a deploy: end "
+                     f"it with {self.resume_command}", level="warning")
+
+    def fields(self) -> dict:
+        """JSON-safe, as ``gone_policy_holds`` in the commands' --json."""
+        return {"policy": self.policy, "holds": [holds.fields(hold) for hold in self.open_holds],
+                "resume_command": self.resume_command}
+
+
+def gone_policies(now: datetime | None = None) -> list[GonePolicy]:
+    """The policies no longer registered that still have holds open, by name, read in
+    one query whatever their number."""
+    now = now or timezone.now()
+    found: dict[str, list[Hold]] = {}
+    for hold in (Hold.objects.filter(ended_at__isnull=True)
+                 .exclude(policy__in=[policy.name for policy in all_policies()])
+                 .order_by("policy", "began_at")):
+        found.setdefault(hold.policy, []).append(hold)
+    return [GonePolicy(name, tuple(held), now) for name, held in found.items()]
+
+
+def banner(policies: list[PolicyOverview], clusters: list[dict],
+           gone: Sequence[GonePolicy] = ()) -> list[Alert]:
+    """Every alert the overview shows at its top: the clusters', each policy's, then
+    the holds of policies no longer registered."""
     found = []
     if not any(cluster.get("taking_work") for cluster in clusters):
         found.append(Alert(None, "no-worker", "No worker cluster is taking work",
@@ -136,6 +181,7 @@ def banner(policies: list[PolicyOverview], clusters: list[dict]) -> list[Alert]:
                            "manage.py qcluster"))
     for policy in policies:
         found.extend(policy.alerts())
+    found.extend(policy.alert() for policy in gone)
     return found
 
 

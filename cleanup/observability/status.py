@@ -11,7 +11,7 @@ from cleanup.engine import holds, planning
 from cleanup.engine.window import size as window_size
 from cleanup.exceptions import UnknownPolicy
 from cleanup.models import Chunk, Run, rows_changed
-from cleanup.observability.overview import overview
+from cleanup.observability.overview import gone_policies, overview
 from cleanup.policies import get_policy
 
 
@@ -36,6 +36,7 @@ def run_summary(run: Run) -> dict:
         rows_deleted=Sum("rows_deleted"),
         rows_updated=Sum("rows_updated"),
         items_skipped=Sum("items_skipped"),
+        rows_locked=Sum("rows_locked"),
         noop_deliveries=Sum("noop_deliveries"),
         deliveries=Sum("deliveries"),
         failures=Sum("failures"),
@@ -139,3 +140,9 @@ def policy_rows(now: datetime | None = None) -> list[dict]:
             "dead_letters": health.dead_letters,
         })
     return rows
+
+
+def gone_policy_holds(now: datetime | None = None) -> list[dict]:
+    """Per policy no longer registered with holds still open: the holds and the command
+    that ends them, JSON-safe (``gone_policy_holds`` in the commands' --json)."""
+    return [gone.fields() for gone in gone_policies(now)]

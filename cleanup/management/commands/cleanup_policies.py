@@ -1,21 +1,20 @@
 from datetime import datetime
 
 from cleanup.display import ago, duration, number, utc_text
-from cleanup.management.base import CleanupCommand, count
-from cleanup.observability.status import policy_rows
+from cleanup.management.base import CleanupCommand, count, gone_policy_lines
+from cleanup.observability.status import gone_policy_holds, policy_rows
 
 
 class Command(CleanupCommand):
     help = ("List the registered policies: rule, schedule, window, last run and backlog "
-            "(rows eligible now and how long the oldest has waited).")
+            "(rows eligible now and how long the oldest has waited); then the holds still "
+            "open of any policy no longer registered.")
 
     def run(self, **options) -> dict:
-        return {"policies": policy_rows()}
+        return {"policies": policy_rows(), "gone_policy_holds": gone_policy_holds()}
 
     def describe(self, result: dict, verbosity: int) -> str:
-        if not result["policies"]:
-            return "No policies are registered."
-        blocks = []
+        blocks = [] if result["policies"] else ["No policies are registered."]
         for policy in result["policies"]:
             schedule = policy["schedule"] or "none (manual runs only)"
             if policy["schedule"] and not policy["schedule_installed"]:
@@ -39,4 +38,6 @@ class Command(CleanupCommand):
             if policy["dead_letters"]:
                 lines.append(f"  dead letters  {number(policy['dead_letters'])}")
             blocks.append("\n".join(lines))
+        if gone := gone_policy_lines(result["gone_policy_holds"]):
+            blocks.append("\n".join(gone))
         return "\n\n".join(blocks)

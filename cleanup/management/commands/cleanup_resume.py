@@ -3,8 +3,8 @@ from cleanup.management.base import CleanupCommand, count
 
 
 class Command(CleanupCommand):
-    help = ("Resume a paused policy: its pause ends and its window is topped up at once. "
-            "Resuming a policy that is not paused changes nothing.")
+    help = ("Resume a paused policy, or one held for failing: the hold ends and its window "
+            "is topped up at once. Resuming a policy that is not held so changes nothing.")
 
     def add_arguments(self, parser) -> None:
         super().add_arguments(parser)

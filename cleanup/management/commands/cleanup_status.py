@@ -1,12 +1,13 @@
 from cleanup.display import number
 from cleanup.engine.operations import get_run, latest_run
 from cleanup.exceptions import CleanupError
-from cleanup.management.base import CleanupCommand, count
-from cleanup.observability.status import run_summary
+from cleanup.management.base import CleanupCommand, count, gone_policy_lines
+from cleanup.observability.status import gone_policy_holds, run_summary
 
 
 class Command(CleanupCommand):
-    help = "Show one run's state and its chunks' totals (default: the latest run)."
+    help = ("Show one run's state and its chunks' totals (default: the latest run), and "
+            "the holds still open of any policy no longer registered.")
 
     def add_arguments(self, parser) -> None:
         super().add_arguments(parser)
@@ -21,7 +22,8 @@ class Command(CleanupCommand):
             raise CleanupError(f"give one run, not two: RUN_ID {run_id!r} or --run "
                                f"{run_option!r}")
         chosen = run_id if run_id is not None else run_option
-        return run_summary(latest_run() if chosen is None else get_run(chosen))
+        run = latest_run() if chosen is None else get_run(chosen)
+        return {**run_summary(run), "gone_policy_holds": gone_policy_holds()}
 
     def describe(self, result: dict, verbosity: int) -> str:
         chunks = ", ".join(f"{state} {n}" for state, n in result["chunks"].items()
@@ -36,11 +38,16 @@ class Command(CleanupCommand):
             f"(no longer eligible), {result['noop_deliveries']} no-op deliveries of "
             f"{result['deliveries']}",
         ]
+        if result["rows_locked"]:
+            lines.append(f"  skipped: locked {result['rows_locked']:,} (kept locked by another "
+                         "transaction past CLEANUP_ROW_LOCK_WAIT_MS; a later run takes them)")
         lines += [f"  {hold}: nothing new is planned until it is resumed"
                   for hold in result["held"]]
         if verbosity > 1:
             lines.append(f"  key {result['dispatch_key']}, trigger {result['trigger']}, "
                          f"replay of {result['replay_of'] or '-'}")
+        if result["gone_policy_holds"]:
+            lines += ["", *gone_policy_lines(result["gone_policy_holds"])]
         return "\n".join(lines)
 
 
