@@ -10,6 +10,9 @@ INSTALLED_APPS = [*INSTALLED_APPS, "config.devtools.soak"]  # noqa: F405
 Q_CLUSTER = {**Q_CLUSTER, "timeout": 4, "retry": 6, "poll": 0.1, "workers": 2}  # noqa: F405
 CLEANUP_MAX_UNFINISHED_DELIVERIES = 3
 CLEANUP_LOCK_TIMEOUT_MS = 3000
+# Its faults catch a chunk's statement waiting on a row they lock, to kill it there:
+# the statement waits as long as the lock timeout, not 50 ms, before it skips the row.
+CLEANUP_ROW_LOCK_WAIT_MS = 3000
 # The soak wants many small chunks in flight: no learning of bigger ones.
 CLEANUP_CHUNK_BUDGET_MS = 0
 # A reminder falls due 10 s after its hold is made or renewed, so reminders come due
