@@ -3,7 +3,7 @@ qcluster, and a real Prometheus server scraping /metrics and evaluating the rule
 (their for: durations shortened, the expressions untouched).
 
 Three scenarios, in the order an operator would meet them: a fresh install is quiet,
-with a renewal reminder falling due and handled on time; work blocked on row locks
+with a renewal reminder falling due and handled on time; work blocked on a lock
 held by another connection is stalled work, not a missed schedule; a dead scheduler
 is a missed schedule, for a policy with a chunk in flight and for one with nothing in
 flight, not stalled work, and the reminders due meanwhile are late.
@@ -183,10 +183,12 @@ def firing(name: str, *policies: str):
     return lambda alerts: all(alerts.get((name, p)) == "firing" for p in policies)
 
 
-def lock_expired_holds() -> psycopg.Connection:
-    """Another connection holding every held hold's row lock, as a long renewal would."""
+def lock_the_holds_table() -> psycopg.Connection:
+    """Another connection keeping the holds from being deleted, as a migration's lock of
+    the table would. (Rows locked one by one no longer stall anything: a chunk skips
+    them after CLEANUP_ROW_LOCK_WAIT_MS and a later run takes them.)"""
     holder = psycopg.connect(database_url())
-    holder.execute(f"SELECT id FROM {SeatHold._meta.db_table} WHERE status = 'held' FOR UPDATE")
+    holder.execute(f"LOCK TABLE {SeatHold._meta.db_table} IN SHARE MODE")
     return holder
 
 
@@ -220,10 +222,11 @@ def test_alerts_tell_missed_schedules_from_stalled_work_on_the_live_system(syste
         forbidden={MISSED, STALLED, LATE}, policies=everyone, timeout=150,
         what="the scheduled marking and sender to send the due reminder")
 
-    # Work blocked on row locks: stalled work, and the scheduler still on time.
+    # Work blocked on a lock of the holds' table: stalled work, and the scheduler still
+    # on time.
     SeatHoldFactory.create_batch(300, section=section, expired=True)
     phases["row locks"] = time.time()
-    holder = lock_expired_holds()
+    holder = lock_the_holds_table()
     try:
         dispatch("expire-holds")
         timings["row locks: stalled work fired (lease 10 s)"] = watch(
@@ -245,7 +248,7 @@ def test_alerts_tell_missed_schedules_from_stalled_work_on_the_live_system(syste
     SeatHoldFactory.create_batch(5, section=section, expired=True)
     # A reminder that fell due while nothing marks or sends, four minutes ago.
     hold_seat(section.pk, "late", now=timezone.now() - timedelta(minutes=14))
-    holder = lock_expired_holds()
+    holder = lock_the_holds_table()
     try:
         system.start_app(scheduler=False, **LONG_LEASE)
         dispatch("expire-holds")

@@ -5,6 +5,7 @@ on from where it stopped."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from io import StringIO
 
@@ -120,3 +121,45 @@ def test_half_of_the_last_chunks_failing_is_not_failing(backlog, account):
     run.refresh_from_db()
     assert not Hold.objects.exists()
     assert run.chunks_planned == 40
+
+
+@pytest.mark.django_db(transaction=True)  # the table's lock is held from a second connection
+def test_a_table_locked_past_the_retries_holds_the_policy_for_its_lock_timeout(
+        backlog, settings):
+    """Each chunk waits out the lock timeout, is retried, redelivered and dead-lettered
+    as poison; once most of the last ten are, the policy holds with that cause."""
+    import threading
+
+    from django.db import OperationalError, transaction
+
+    from tests.test_concurrency import Worker
+
+    settings.CLEANUP_LOCK_TIMEOUT_MS = 50
+    settings.CLEANUP_TRANSIENT_RETRIES = 0
+    settings.CLEANUP_MAX_UNFINISHED_DELIVERIES = 1
+    run = dispatch(POLICY).run
+    ready, release = threading.Event(), threading.Event()
+
+    def lock_table():
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f'LOCK TABLE "{TABLE}" IN SHARE MODE')  # a migration's, say
+            ready.set()
+            assert release.wait(60)
+
+    holder = Worker(lock_table)
+    holder.start()
+    assert ready.wait(10)
+    try:
+        while chunks := unfinished():
+            with contextlib.suppress(OperationalError):  # the broker delivers it again
+                apply_chunk(chunks[0].message)
+    finally:
+        release.set()
+        holder.outcome()
+
+    hold = Hold.objects.get(policy=POLICY, ended_at__isnull=True)
+    run.refresh_from_db()
+    assert (hold.reason, hold.cause) == (
+        "failing", "OperationalError: canceling statement due to lock timeout")
+    assert run.state == Run.State.RUNNING and run.chunks_planned == 7
+    assert Lease.objects.count() == 40
