@@ -41,6 +41,9 @@ class Applied:
     note: str = ""
     failed_chunk: int | None = None  # the chunk whose error made it stop
     cause: str = ""  # that error's own line
+    # Eligible rows its chunks skipped, kept locked by another transaction: a later
+    # run takes them.
+    rows_locked: int = 0
 
 
 def apply_in_process(run: Run, progress: Progress | None = None) -> Applied:
@@ -94,7 +97,8 @@ def apply_in_process(run: Run, progress: Progress | None = None) -> Applied:
                     + ": the rest of the run is handed to the queue")
         window.hand_over(run.pk, reason=note)
         return Applied(applied, rows_changed_by(run), True, note)
-    return Applied(applied, rows_changed_by(run))
+    locked = Chunk.objects.filter(run=run).aggregate(n=Sum("rows_locked"))["n"] or 0
+    return Applied(applied, rows_changed_by(run), rows_locked=locked)
 
 
 def rows_changed_by(run: Run) -> int:

@@ -72,6 +72,9 @@ def _applied(result: DispatchResult, applied: Applied) -> str:
     rows = (f"{number(applied.rows)} of {_count(result.eligible, 'row')}"
             if result.eligible is not None else _count(applied.rows, "row"))
     text = f"applied here: {rows} {verb} in {_count(applied.chunks, 'chunk')}"
+    if applied.rows_locked:
+        text += (f", {number(applied.rows_locked)} skipped: locked by another transaction "
+                 "(a later run takes them)")
     return f"{text}; {applied.note}" if applied.note else text
 
 

@@ -73,6 +73,7 @@ class Command(CleanupCommand):
             "sync": None if applied is None else {
                 "chunks_applied": applied.chunks,
                 "rows_changed": applied.rows,
+                "rows_locked": applied.rows_locked,
                 "handed_to_queue": applied.handed_over,
                 "failed_chunk": applied.failed_chunk,
                 "cause": applied.cause or None,
