@@ -174,3 +174,14 @@ def test_a_lock_held_through_the_skipping_attempt_is_still_retried(settings, acc
     chunk.refresh_from_db()
     assert (chunk.rows_deleted, chunk.rows_locked) == (2, 0)
     assert chunk.transient_retries >= 2
+
+
+def test_a_sync_dispatch_says_how_many_rows_it_left_locked(account):
+    leases = LeaseFactory.create_batch(3, account=account, expired=True)
+    out = StringIO()
+
+    with held_elsewhere([leases[1].pk]):
+        call_command("cleanup_dispatch", "--policy", EXPIRE_LEASES, "--sync", stdout=out)
+
+    assert ("applied here: 2 of 3 rows deleted in 1 chunk, 1 skipped: locked by another "
+            "transaction (a later run takes them). State completed") in out.getvalue()
