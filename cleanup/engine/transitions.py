@@ -114,10 +114,12 @@ def dead_letter(chunk: Chunk, reason: str, failure_class: str, *,
     delivery carried, where it differs from the one sent); False if it had finished
     (a committed chunk is never dead-lettered).
 
-    A poison verdict ("deliveries kept dying") is not an error of its own: the last
-    real error the deliveries met (a lock timeout) stays the chunk's cause beside it.
+    A verdict of deliveries that kept dying (poison, or a transient error that never
+    cleared) is not an error of its own: the last real error the deliveries met (a
+    lock timeout) stays the chunk's cause beside it. (A transient error is otherwise
+    retried, never dead-lettered.)
     """
-    if failure_class == Chunk.FailureClass.POISON:
+    if failure_class in (Chunk.FailureClass.POISON, Chunk.FailureClass.TRANSIENT):
         error = {"verdict": reason}
     else:
         error = {"verdict": "", "last_error": reason, "cause": cause_of(reason)}

@@ -287,11 +287,7 @@ def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
             chunk.state in Chunk.UNFINISHED
             and _unfinished(chunk) >= conf.MAX_UNFINISHED_DELIVERIES
         ):
-            failure_class = Chunk.FailureClass.POISON
-            reason = (
-                f"{_unfinished(chunk)} deliveries started without completing "
-                f"(limit {conf.MAX_UNFINISHED_DELIVERIES})"
-            )
+            failure_class, reason = _kept_dying(chunk)
         else:
             reason = ""
         transitions.start_delivery(chunk, received_at=timezone.now())
@@ -333,6 +329,19 @@ def _same_work(raw, received: ChunkMessage, ledger_copy: dict) -> bool:
     return [getattr(received, name) for name in covered] == [
         getattr(planned, name) for name in covered
     ]
+
+
+def _kept_dying(chunk: Chunk) -> tuple[str, str]:
+    """The class and verdict of a chunk whose deliveries kept ending unfinished: a
+    transient error that never cleared, if each of them ended on one (a lock held for
+    an hour, a connection killed at each try); else poison (deliveries that left no
+    error: the chunk kills its worker)."""
+    unfinished = _unfinished(chunk)
+    verdict = (f"{unfinished} deliveries started without completing "
+               f"(limit {conf.MAX_UNFINISHED_DELIVERIES})")
+    if chunk.failure_class == Chunk.FailureClass.TRANSIENT and chunk.failures >= unfinished:
+        return chunk.failure_class, f"{verdict}: its transient error never cleared"
+    return Chunk.FailureClass.POISON, verdict
 
 
 def _unfinished(chunk: Chunk) -> int:

@@ -253,9 +253,11 @@ class Chunk(models.Model):
     def failure_summary(self) -> str:
         """What went wrong in one line: the error's own line, then the engine's verdict
         ("OperationalError: canceling statement due to lock timeout; 5 deliveries
-        started without completing (limit 5)")."""
+        started without completing (limit 5)"); marked as past ("earlier: ...") once
+        the chunk committed after all (requeued, then done)."""
         verdict = self.verdict.strip().splitlines()[0] if self.verdict.strip() else ""
-        return "; ".join(part for part in (self.cause, verdict) if part)
+        summary = "; ".join(part for part in (self.cause, verdict) if part)
+        return f"earlier: {summary}" if summary and self.state in self.DONE else summary
 
 
 class OrphanMessage(models.Model):

@@ -31,6 +31,8 @@ class Command(CleanupCommand):
                  f"{'chunk':>7}  {'state':<14}{'changed':>12}{'deliveries':>12}  cause"]
         for chunk in result["chunks"]:
             cause = (chunk["cause"] or chunk["verdict"]).strip().split("\n", 1)[0]
+            if cause and chunk["state"] in Chunk.DONE:
+                cause = f"earlier: {cause}"  # it committed after all
             if len(cause) > CAUSE_WIDTH:
                 cause = cause[:CAUSE_WIDTH - 3] + "..."
             lines.append(f"{'#' + str(chunk['chunk_id']):>7}  {chunk['state']:<14}"
