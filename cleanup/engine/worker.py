@@ -17,11 +17,20 @@ from django.utils import timezone
 
 from cleanup import faults
 from cleanup.conf import conf
-from cleanup.engine import cpu_wait, messages, orphans, outcomes, pressure, sync_lease, transitions
+from cleanup.engine import (
+    cpu_wait,
+    locked_rows,
+    messages,
+    orphans,
+    outcomes,
+    pressure,
+    sync_lease,
+    transitions,
+)
 from cleanup.engine.messages import ChunkMessage
 from cleanup.exceptions import LeaseLost, MalformedMessage, UnknownPolicy, traceback_of
 from cleanup.expressions import PairsIn
-from cleanup.models import Chunk, Run
+from cleanup.models import Chunk
 from cleanup.policies import Policy, get_policy
 
 log = structlog.get_logger("cleanup.worker")
@@ -35,8 +44,6 @@ TRANSIENT_ERRORS = (OperationalError, InterfaceError)
 # A process that froze mid-chunk wakes up to one of them: its chunk is redelivered,
 # never dead-lettered for it.
 SESSION_ENDED = ("25P03", "57P01", "57P02", "57P03")
-# A lock wait that outlasted lock_timeout.
-LOCK_NOT_AVAILABLE = "55P03"
 
 
 class CommitFailed(OperationalError):
@@ -109,7 +116,7 @@ def apply_chunk(raw, *, leased: bool = False) -> Outcome:
             raise
         except Exception as exc:
             _reset_broken_connection()
-            if not skip_locked and _lock_wait_ran_out(exc):
+            if not skip_locked and locked_rows.wait_ran_out(exc):
                 # Learners' rows another transaction keeps locked: the chunk goes again
                 # at once without them, and a later pass takes them.
                 skip_locked, retries = True, retries + 1
@@ -157,7 +164,7 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int, *,
         # Read after the chunk's lock is granted, in a statement of its own: joined to
         # the locking read, the run's row would be the one from before a wait for the
         # lock, and would miss a cancel that committed meanwhile.
-        if state in Chunk.UNFINISHED and _cancelled_meanwhile(
+        if state in Chunk.UNFINISHED and locked_rows.run_cancelled(
                 current.run_id, row_lock_wait=not skip_locked):
             # Cancelled while a delivery held this chunk: nothing more is deleted.
             transitions.cancel_late(current)
@@ -168,7 +175,7 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int, *,
             outcome = Outcome.NOOP
         else:
             eligible = chunk_statement(policy, message, chunk.run.frozen)
-            statement = _without_locked_rows(eligible) if skip_locked else eligible
+            statement = locked_rows.skipped(eligible) if skip_locked else eligible
             if policy.update is not None:
                 # One UPDATE with the whole predicate in its own WHERE, as for a DELETE.
                 updated = statement.update(**policy.update)
@@ -210,32 +217,6 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int, *,
             log.debug("item", run_id=message.run_id, chunk_id=message.chunk_id,
                       idempotency_key=f"{policy.idempotency_prefix}:{pk}:{text}")
     return outcome
-
-
-def _without_locked_rows(eligible):
-    """The chunk's statement narrowed to the eligible rows no other transaction keeps
-    locked, which it locks first (``FOR UPDATE SKIP LOCKED``): nothing waits for the
-    others. The whole predicate stays in the statement's own WHERE, so a row renewed
-    between the lock and the DELETE survives."""
-    unlocked = eligible.select_for_update(skip_locked=True).order_by().values("pk")
-    return eligible.filter(pk__in=unlocked)
-
-
-def _cancelled_meanwhile(run_id, *, row_lock_wait: bool) -> bool:
-    """Whether the run was cancelled; in the same round trip, the lock waits of the
-    rest of the transaction are bounded: by ``CLEANUP_ROW_LOCK_WAIT_MS`` where the
-    chunk's statement may wait for learners' rows (kept locked longer, they are
-    skipped), else by the lock timeout as before."""
-    wait = min(conf.ROW_LOCK_WAIT_MS, conf.LOCK_TIMEOUT_MS) if row_lock_wait else (
-        conf.LOCK_TIMEOUT_MS)
-    with connection.cursor() as cursor:
-        cursor.execute(_RUN_STATE_AND_LOCK_WAIT, [f"{wait}ms", run_id])
-        row = cursor.fetchone()
-    return row is not None and row[0] == Run.State.CANCELLED
-
-
-def _lock_wait_ran_out(exc: BaseException) -> bool:
-    return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
 
 
 def _locked(doomed):
@@ -374,9 +355,6 @@ def _dead_letter_message(raw, exc: Exception) -> Outcome:
     return Outcome.DEAD_LETTERED
 
 
-# A chunk's run's state, with the bound of the lock waits that follow it.
-_RUN_STATE_AND_LOCK_WAIT = ("SELECT state, set_config('lock_timeout', %s, true) "
-                            f'FROM "{Run._meta.db_table}" WHERE id = %s')
 # What bounds a chunk's transaction, set for the transaction only (a pooled server
 # connection keeps none of it): a lock wait, a statement, and time idle in it.
 _BOUNDS = ("SELECT set_config('lock_timeout', %s, true), "
