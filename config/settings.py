@@ -1,7 +1,8 @@
 """Settings, driven by the environment.
 
 Two profiles. The default one needs nothing but an optional DATABASE_URL (without
-it an embedded PostgreSQL starts under .data/); it has an insecure development key
+it an embedded PostgreSQL starts under .data/, except for a command's help, which reads
+no database); it has an insecure development key
 and DEBUG off. DJANGO_PROFILE=production requires DJANGO_SECRET_KEY and
 DJANGO_ALLOWED_HOSTS and turns on secure cookies.
 
@@ -12,12 +13,13 @@ that as one line and exits non-zero.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.embedded_db import embedded_database
+from config.embedded_db import NOT_STARTED, embedded_database, only_help
 from config.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -126,6 +128,9 @@ if os.environ.get("DATABASE_URL", "").strip():
         raise ImproperlyConfigured(
             f"DATABASE_URL cannot be read ({exc}); expected postgres://user@host:port/name"
         ) from None
+elif only_help(sys.argv):
+    # `manage.py COMMAND --help` must not start (and leave running) a server it never uses.
+    _database = dict(NOT_STARTED)
 else:
     _database = embedded_database(BASE_DIR / ".data")
 # Persistent connections with health checks, and no psycopg pool: qcluster forks its

@@ -4,7 +4,7 @@ expired holds deleted, due renewal reminders marked ready and sent, replays no-o
 from __future__ import annotations
 
 import os
-import tempfile
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +27,12 @@ from reservations.reminders import message_id
 from reservations.services import confirm_hold, reminder_due, renew_hold
 
 MANAGE = Path(__file__).resolve().parent.parent / "manage.py"
+# Where the demo's cluster writes its mails unless told otherwise: in the checkout's
+# git-ignored .data/, kept until the next demo empties it.
+MAIL_DIR = MANAGE.parent / ".data" / "demo-mail"
+# The files Django's file backend writes: "<YYYYmmdd-HHMMSS>-<id>.log"; nothing else in
+# the folder is touched.
+MAIL_FILE = re.compile(r"\d{8}-\d{6}-\d+\.log")
 
 
 @dataclass
@@ -42,9 +48,10 @@ class DemoReport:
 
 
 def run_demo(*, expired: int, active: int, racers: int, timeout: float,
-             say: Callable[[str], None]) -> DemoReport:
+             say: Callable[[str], None], mail: Path = MAIL_DIR) -> DemoReport:
     """Seed, dispatch the policies, renew and confirm some candidates, let a qcluster work,
-    have it send the reminders marked ready."""
+    have it send the reminders marked ready (as files in ``mail``, emptied of the
+    previous demo's first)."""
     for model in (Reminder, SeatHold, ReminderAttempt, Section, Tenant):
         model.objects.all().delete()
     seeding.seed(tenants=3, expired=expired, active=active, confirmed=expired // 10,
@@ -66,7 +73,10 @@ def run_demo(*, expired: int, active: int, racers: int, timeout: float,
         f"confirmed, and {len(moved)} hold with a reminder due renewed, before any "
         "worker ran.")
 
-    mail = Path(tempfile.mkdtemp(prefix="demo-mail-"))
+    mail.mkdir(parents=True, exist_ok=True)
+    for path in mail.iterdir():
+        if MAIL_FILE.fullmatch(path.name):
+            path.unlink()
     env = {**os.environ, "DJANGO_EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
            "EMAIL_FILE_PATH": str(mail)}
     cluster = Cluster("demo", env, MANAGE)
@@ -120,7 +130,7 @@ def _due_active_reminders(run: Run) -> list[Reminder]:
 def _reminder_report(due: list[Reminder], moved: list[Reminder], mail: Path) -> dict:
     by_state = dict(Reminder.objects.values_list("state").annotate(n=Count("pk")).order_by())
     # The file backend appends each mail to a file, then a line of dashes.
-    mails = [part for path in sorted(mail.glob("*.log"))
+    mails = [part for path in sorted(mail.iterdir()) if MAIL_FILE.fullmatch(path.name)
              for part in path.read_bytes().split(b"-" * 79 + b"\n") if part.strip()]
     sample = message_from_bytes(mails[0]) if mails else None
     return {
@@ -128,6 +138,7 @@ def _reminder_report(due: list[Reminder], moved: list[Reminder], mail: Path) -> 
         "renewed_while_planned": [r.pk for r in moved],
         "by_state": by_state,
         "mails": len(mails),
+        "folder": str(mail),
         "sample": {key: sample[key] for key in ("To", "Subject", "Message-ID")}
         if sample else None,
     }

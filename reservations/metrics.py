@@ -48,6 +48,8 @@ class ReminderCollector:
         for state in UNSENT:
             due = read_backlog(Reminder.objects.filter(state=state, due_at__lte=now),
                                "due_at", budget, cap=COUNT_CAP, key=f"reminders:{state}")
+            if not due.measured:
+                continue  # nothing read within the budget yet: no sample, never a 0
             count.add_metric([state], due.rows)
             first = due.oldest_observed
             oldest.add_metric([state], (now - first).total_seconds() if first else 0.0)

@@ -255,8 +255,12 @@ def test_replay_chunks_and_runs_resend_messages(admin_client, dead_letter):
     apply_chunk(dead_letter.message)
     assert SeatHold.objects.count() == 0
 
-    response = action(admin_client, RUNS, "replay_runs", [dead_letter.run_id])
+    confirm = action(admin_client, RUNS, "replay_runs", [dead_letter.run_id])
+    assert "Replay runs" in confirm.content.decode()
+    assert OrmQ.objects.count() == 1  # the chunk replay's message only
+    response = action(admin_client, RUNS, "replay_runs", [dead_letter.run_id], post="yes")
     assert texts(response) == ["1 chunk re-sent."]
+    assert OrmQ.objects.count() == 2
     assert apply_chunk(dead_letter.message) == "noop"
 
 

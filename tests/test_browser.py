@@ -25,8 +25,10 @@ from django_q.models import OrmQ
 from cleanup.engine.dispatch import dispatch, dispatch_in_process
 from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk
+from cleanup.scheduling.schedules import install_schedules
 from reservations.models import SeatHold
 from reservations.services import hold_seat
+from tests import console_data
 from tests.conftest import ROOT, subprocess_env, wait_for
 from tests.factories import SeatHoldFactory, SectionFactory
 from tests.test_processes import qcluster  # noqa: F401  (fixture)
@@ -245,3 +247,82 @@ def test_the_console_as_make_serve_serves_it_fits_a_laptop(browser_page, served)
     listed = page.inner_text("#result_list")
     assert listed.count("ready to send") == 3 and listed.count("pending") == 1
     page.screenshot(path=str(ARTIFACTS / "reminders-1366.png"), full_page=True)
+
+
+def test_a_long_traceback_scrolls_inside_its_box_at_laptop_width(browser_page, live_server):
+    page = browser_page
+    User.objects.create_superuser("operator", "op@example.com", "correct horse")
+    SeatHoldFactory.create_batch(2, expired=True)
+    chunk = dispatch("expire-holds").run.chunks.get()
+    # A worker's traceback as the ledger keeps it: its longest line is a Django path and
+    # PostgreSQL's context, far wider than the page.
+    traceback = console_data.traceback_text(console_data.FK_VIOLATION)
+    Chunk.objects.filter(pk=chunk.pk).update(
+        state=Chunk.State.DEAD_LETTERED, failure_class=Chunk.FailureClass.ERROR,
+        last_error=traceback, cause=console_data.FK_VIOLATION)
+    page.set_viewport_size({"width": 1366, "height": 900})
+    log_in(page, live_server.url)
+
+    page.goto(f"{live_server.url}/admin/cleanup/chunk/{chunk.pk}/change/")
+    box = page.locator("pre.traceback")
+    measured = box.evaluate("""pre => ({
+        page: document.documentElement.scrollWidth, window: window.innerWidth,
+        box: pre.clientWidth, text: pre.scrollWidth,
+        right: pre.getBoundingClientRect().right,
+        overflow: getComputedStyle(pre).overflowX})""")
+    scrolled = box.evaluate("pre => { pre.scrollLeft = 200; return pre.scrollLeft; }")
+    page.screenshot(path=str(ARTIFACTS / "traceback-1366.png"), full_page=True)
+
+    assert "violates foreign key" in box.inner_text()
+    assert measured["page"] <= measured["window"], measured  # no sideways page scroll
+    assert measured["right"] <= measured["window"], measured  # the box fits the page
+    assert measured["text"] > measured["box"], measured  # the lines are wider than it
+    assert measured["overflow"] == "auto" and scrolled > 0, (measured, scrolled)
+
+
+def test_the_overview_keeps_a_schedules_brackets_with_their_text(browser_page, live_server):
+    page = browser_page
+    User.objects.create_superuser("operator", "op@example.com", "correct horse")
+    console_data.build()
+    install_schedules()
+    page.set_viewport_size({"width": 1366, "height": 768})
+    log_in(page, live_server.url)
+    page.goto(f"{live_server.url}/admin/cleanup/cleanupoverview/")
+    page.uncheck("#overview-refresh")  # the page must not reload while it is measured
+
+    # As narrow as the column gets beside long backlog and stalled-work lines: each ")"
+    # of it on the line of the character before it.
+    lone = {width: page.evaluate(LONE_CLOSING_BRACKETS, width) for width in (90, 120, 176)}
+    page.screenshot(path=str(ARTIFACTS / "overview-schedules-1366.png"), full_page=True)
+
+    assert "On time (" in page.inner_text("#overview")
+    assert lone == {90: [], 120: [], 176: []}
+
+
+LONE_CLOSING_BRACKETS = """(width) => {
+    const lone = [];
+    for (const cell of document.querySelectorAll('#overview td.schedule')) {
+        cell.style.width = cell.style.maxWidth = `${width}px`;
+    }
+    for (const cell of document.querySelectorAll('#overview td.schedule')) {
+        const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+        const chars = [];
+        for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+            for (let i = 0; i < node.length; i++) {
+                if (node.data[i].trim()) chars.push([node, i]);
+            }
+        }
+        const top = ([node, i]) => {
+            const range = document.createRange();
+            range.setStart(node, i);
+            range.setEnd(node, i + 1);
+            return range.getBoundingClientRect().top;
+        };
+        chars.forEach(([node, i], n) => {
+            if (node.data[i] === ')' && n > 0 && Math.abs(top(chars[n]) - top(chars[n - 1])) > 2) {
+                lone.push(cell.innerText);
+            }
+        });
+    }
+    return lone;
+}"""

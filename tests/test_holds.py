@@ -5,6 +5,7 @@ why."""
 
 from __future__ import annotations
 
+import getpass
 import json
 from datetime import timedelta
 from io import StringIO
@@ -151,12 +152,12 @@ def test_the_commands_pause_and_resume_with_json(backlog):
     out = StringIO()
     call_command("cleanup_dispatch", "--policy", POLICY, "--json", stdout=out)
     dispatched = json.loads(out.getvalue())
-    assert dispatched["held"].startswith("paused ") and "by command: maintenance" in (
-        dispatched["held"])
+    assert dispatched["held"].startswith("paused ") and (
+        f"by command ({getpass.getuser()}): maintenance" in dispatched["held"])
     out = StringIO()
     call_command("cleanup_resume", "--policy", POLICY, "--json", stdout=out)
     resumed = json.loads(out.getvalue())
-    assert resumed["resumed"] and resumed["ended_by"] == "command"
+    assert resumed["resumed"] and resumed["ended_by"] == f"command ({getpass.getuser()})"
 
     with pytest.raises(CommandError, match="unknown policy 'nope'"):
         call_command("cleanup_pause", "--policy", "nope", "--reason", "x")

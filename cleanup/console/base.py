@@ -3,6 +3,8 @@ console's stylesheet, and acted on only through actions the user's permissions o
 
 from __future__ import annotations
 
+from django.contrib import admin
+
 from cleanup import display
 from cleanup.console.actions import ConfirmedActionsAdmin
 from cleanup.models import Run
@@ -23,12 +25,34 @@ def runs_by_short_id(text: str) -> list:
                 .values_list("pk", flat=True)[:20])
 
 
+def count_field(model, name: str):
+    """A count of the ledger on a read-only page, with thousands separators (the admin
+    prints an integer field bare: 20000), labelled and explained as the field is."""
+    field = model._meta.get_field(name)
+
+    @admin.display(description=field.verbose_name)
+    def shown(model_admin, obj):
+        value = getattr(obj, name)
+        return "-" if value is None else display.number(value)
+
+    shown.help_text = field.help_text
+    return shown
+
+
 class LedgerAdmin(ConfirmedActionsAdmin):
     """Ledger rows are written by the engine only: no add, change or delete by hand."""
 
     class Media:
         # The console's badges, instants and column widths, on each of its pages.
         css = {"all": ("cleanup/console.css",)}
+
+    def get_form(self, request, obj=None, **kwargs):
+        """The form of a read-only page, with each count_field's help text (the admin
+        takes it from the form where a row is not the model's field)."""
+        help_texts = {name: getattr(self, name).help_text
+                      for name in self.get_readonly_fields(request, obj)
+                      if getattr(getattr(self, name, None), "help_text", "")}
+        return super().get_form(request, obj, help_texts=help_texts, **kwargs)
 
     def has_add_permission(self, request):
         return False

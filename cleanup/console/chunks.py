@@ -15,7 +15,7 @@ from cleanup import display
 from cleanup.console import triage
 from cleanup.console.actions import actor
 from cleanup.console.badges import state_badge
-from cleanup.console.base import LedgerAdmin, runs_by_short_id, shorten
+from cleanup.console.base import LedgerAdmin, count_field, runs_by_short_id, shorten
 from cleanup.console.forms import DiscardForm
 from cleanup.engine import operations
 from cleanup.engine.replay import replay
@@ -35,6 +35,13 @@ class ChunkStateFilter(admin.SimpleListFilter):
         return queryset.filter(state=self.value()) if self.value() else queryset
 
 
+# The chunk page's outcome: each a count_field below, with separators.
+COUNTS = ("rows_deleted_number", "rows_updated_number", "items_skipped_number",
+          "rows_locked_number", "deliveries_number", "deliveries_completed_number",
+          "noop_deliveries_number", "failures_number", "transient_retries_number",
+          "dead_letters_number")
+
+
 class ChunkAdmin(LedgerAdmin):
     # A short label (#12) beside its run's short id; fits a 1366 px laptop.
     list_display = ("label", "state_badge", "failure", "tries", "changed", "error", "when")
@@ -45,19 +52,27 @@ class ChunkAdmin(LedgerAdmin):
     search_help_text = "A run's id (or the 8 digits the console shows), or an error's text."
     actions = ["replay_chunks", "requeue_chunks", "discard_chunks"]
     fieldsets = [
-        (None, {"fields": ("run_link", "chunk_id", "state", "planned_rows")}),
+        (None, {"fields": ("run_link", "chunk_id", "state", "planned_rows_number")}),
         ("Failure", {"fields": ("failure_class", "reason", "last_error_text",
                                 "discard_reason")}),
-        ("Outcome", {"fields": ("rows_deleted", "rows_updated", "items_skipped", "rows_locked",
-                                "deliveries", "deliveries_completed", "noop_deliveries",
-                                "failures",
-                                "transient_retries", "dead_letters")}),
+        ("Outcome", {"fields": COUNTS}),
         ("Message", {"fields": ("message_as_sent", "message_received")}),
         ("Timestamps", {"fields": ("planned_at", "enqueued_at", "last_delivery_at",
                                    "committed_at", "acknowledged_at", "dead_lettered_at",
                                    "discarded_at")}),
     ]
     readonly_fields = [f for _, spec in fieldsets for f in spec["fields"]]
+    planned_rows_number = count_field(Chunk, "planned_rows")
+    rows_deleted_number = count_field(Chunk, "rows_deleted")
+    rows_updated_number = count_field(Chunk, "rows_updated")
+    items_skipped_number = count_field(Chunk, "items_skipped")
+    rows_locked_number = count_field(Chunk, "rows_locked")
+    deliveries_number = count_field(Chunk, "deliveries")
+    deliveries_completed_number = count_field(Chunk, "deliveries_completed")
+    noop_deliveries_number = count_field(Chunk, "noop_deliveries")
+    failures_number = count_field(Chunk, "failures")
+    transient_retries_number = count_field(Chunk, "transient_retries")
+    dead_letters_number = count_field(Chunk, "dead_letters")
 
     def get_fieldsets(self, request, obj=None):
         """What went wrong first on a chunk that failed; otherwise no failure section. The
@@ -168,7 +183,9 @@ class ChunkAdmin(LedgerAdmin):
 
     @admin.display(description="last error")
     def last_error_text(self, chunk):
-        return format_html("<pre>{}</pre>", chunk.last_error) if chunk.last_error else "-"
+        # Scrolls sideways inside the page: a traceback's lines are as long as its code's.
+        return (format_html('<pre class="traceback">{}</pre>', chunk.last_error)
+                if chunk.last_error else "-")
 
     @admin.action(description="Replay selected chunks (committed ones become no-ops)",
                   permissions=["replay"])

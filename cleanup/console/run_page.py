@@ -24,8 +24,6 @@ def run_totals(run: Run) -> dict:
     return {
         **summary,
         "done": done,
-        "planned_text": f"{run.chunks_planned}" if run.planned_all
-        else f"{run.chunks_planned} so far",
         "position_percent": None if summary["position"] is None
         else round(100 * summary["position"]),
         "seconds": round(seconds, 1),

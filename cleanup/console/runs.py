@@ -5,21 +5,26 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.db.models import Count, F, Q, Sum
 from django.http import HttpResponseRedirect
-from django.urls import reverse
+from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 from django.utils.translation import ngettext
+from django.views.generic import RedirectView
 
 from cleanup import display
 from cleanup.console.actions import actor
 from cleanup.console.badges import SHORT_RUN_STATES, state_badge
-from cleanup.console.base import runs_by_short_id
+from cleanup.console.base import count_field, runs_by_short_id
 from cleanup.console.dispatching import DispatchPagesAdmin
 from cleanup.console.run_page import chunk_table, run_totals
 from cleanup.engine import frontier, operations, planning
 from cleanup.engine.replay import replay
 from cleanup.exceptions import CleanupError
 from cleanup.models import Chunk, Run
+
+# The replays a run page links to; the list's search finds every one.
+SHOWN_REPLAYS = 10
 
 
 class FoundWorkFilter(admin.SimpleListFilter):
@@ -55,11 +60,18 @@ class RunAdmin(DispatchPagesAdmin):
     list_filter = ("policy", FoundWorkFilter, "state", "trigger")
     search_fields = ("dispatch_key",)
     actions = ["replay_runs", "cancel_runs"]
-    fields = ("id", "policy", "scheme", "state", "trigger", "replay_link", "dispatch_key",
-              "cutoff_exact", "frozen_parameters", "candidates", "chunks_planned",
-              "planning_progress", "planning_error", "window", "chunk_size",
-              "next_chunk_size", "max_span", "created_at", "finished_at")
+    fields = ("id", "policy", "scheme", "state", "trigger", "replay_link", "replays_links",
+              "dispatch_key", "cutoff_exact", "frozen_parameters", "candidates_number",
+              "chunks_planned_number", "planning_progress", "planning_error",
+              "window_number", "chunk_size_number", "next_chunk_size_number",
+              "max_span_number", "created_at", "finished_at")
     readonly_fields = fields
+    candidates_number = count_field(Run, "candidates")
+    chunks_planned_number = count_field(Run, "chunks_planned")
+    window_number = count_field(Run, "window")
+    chunk_size_number = count_field(Run, "chunk_size")
+    next_chunk_size_number = count_field(Run, "next_chunk_size")
+    max_span_number = count_field(Run, "max_span")
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(
@@ -108,6 +120,23 @@ class RunAdmin(DispatchPagesAdmin):
             return "-"
         url = reverse("admin:cleanup_run_change", args=[run.replay_of_id])
         return format_html('<a href="{}">{}</a>', url, run.replay_of_id)
+
+    @admin.display(description="replayed by")
+    def replays_links(self, run):
+        """The runs that replay this one with a new cutoff, newest first (a replay with
+        its own cutoff re-sends this run's chunks and starts no run)."""
+        replays = list(run.replays.order_by("-created_at")[:SHOWN_REPLAYS + 1])
+        if not replays:
+            return "-"
+        links = format_html_join(
+            mark_safe("<br>"), '<a href="{}">{}</a> <small>({}, cutoff {} UTC)</small>',
+            ((reverse("admin:cleanup_run_change", args=[replay.pk]), replay.pk,
+              replay.get_state_display(), display.utc_text(replay.cutoff))
+             for replay in replays[:SHOWN_REPLAYS]))
+        if len(replays) <= SHOWN_REPLAYS:
+            return links
+        every = reverse("admin:cleanup_run_changelist") + f"?q=replay:{run.pk}&work=all"
+        return format_html('{}<br><a href="{}">every replay of this run</a>', links, every)
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, run):
@@ -161,17 +190,25 @@ class RunAdmin(DispatchPagesAdmin):
     @admin.action(description="Replay selected runs with their own cutoff",
                   permissions=["replay"])
     def replay_runs(self, request, queryset):
+        if not self.confirmed(request, queryset):
+            return self.confirmation(
+                request, queryset, "replay_runs", "Replay runs",
+                "Every chunk of each selected run is sent again with the run's own cutoff: "
+                "committed ones turn into no-ops, dead-lettered ones are requeued, "
+                "discarded and cancelled ones stay as they are. A run re-sent before whose "
+                "chunks are still in flight is refused.")
         resent = 0
         for run in queryset:
             try:
                 resent += replay(run.pk).resent
-            except CleanupError as exc:
+            except CleanupError as exc:  # refused, and said why: nothing sent for it
                 self.message_user(request, str(exc), messages.ERROR)
                 continue
             self.log_change(request, run, "Replayed with its own cutoff")
-        self.message_user(request, ngettext("%(count)d chunk re-sent.",
-                                            "%(count)d chunks re-sent.", resent)
-                          % {"count": resent}, messages.SUCCESS)
+        self.message_user(request, ngettext("%(count)s chunk re-sent.",
+                                            "%(count)s chunks re-sent.", resent)
+                          % {"count": display.number(resent)},
+                          messages.SUCCESS if resent else messages.WARNING)
 
     @admin.action(description="Cancel selected runs", permissions=["cancel"])
     def cancel_runs(self, request, queryset):
@@ -186,13 +223,26 @@ class RunAdmin(DispatchPagesAdmin):
         self.report(request, result, "%(count)d run cancelled.", "%(count)d runs cancelled.",
                     "%(count)d runs were not running and were left alone.")
 
+    def get_urls(self):
+        """Django's redirect from a run's short URL (``run/<id>/``) to its page, keeping
+        the query string (a page of its chunks) as the run page's own redirect does."""
+        short_url = "<path:object_id>/"
+        return [url for url in super().get_urls() if str(url.pattern) != short_url] + [
+            path(short_url, self.admin_site.admin_view(RedirectView.as_view(
+                pattern_name=f"{self.admin_site.name}:cleanup_run_change",
+                query_string=True))),
+        ]
+
     def change_view(self, request, object_id, form_url="", extra_context=None):
         run = self.get_object(request, object_id)
         if run is None and (found := runs_by_short_id(object_id)):
-            # The short id the console shows, in a URL: the run it names.
+            # The short id the console shows, in a URL: the run it names, on the same
+            # page of its chunks (the query string is the page's).
             if len(found) == 1:
+                query = request.GET.urlencode()
                 return HttpResponseRedirect(reverse("admin:cleanup_run_change",
-                                                    args=[found[0]]))
+                                                    args=[found[0]])
+                                            + (f"?{query}" if query else ""))
             return HttpResponseRedirect(
                 reverse("admin:cleanup_run_changelist") + f"?q={object_id}&work=all")
         extra_context = extra_context or {}

@@ -20,9 +20,10 @@ def describe_dispatch(result: DispatchResult) -> str:
     """
     cutoff = f"{utc_text(result.cutoff)} UTC"
     if result.dry_run:
+        sizing = f", {result.preview.sizing}" if result.preview and result.preview.sizing else ""
         return (f"Dry run: {result.policy} would plan {_count(result.chunks, 'chunk')} "
                 f"({result.scheme}) for {_count(result.candidates, 'row')} eligible at "
-                f"{cutoff}.")
+                f"{cutoff}{sizing}.")
     run = result.run
     what = f"run {run.id} of {result.policy} ({result.scheme}, cutoff {cutoff})"
     if result.coalesced:

@@ -16,13 +16,21 @@ project's machine, more the longer between scrapes. So every statement here runs
 within ``BUDGET_MS``. Past it, the oldest is the older of the rows counted and the
 rows the policy's chunks in flight name (a run plans the oldest rows first): a lower
 bound on the age, and ``Backlog.exact`` is False.
+
+A figure that could not be read within the budget is never 0. While long
+transactions hold VACUUM back, even the count can run out of it at most scrapes (177
+of 180 in a quarter of an hour), and a 0 there said "no backlog" over 7,070 rows
+eligible for 30 days, resetting the backlog alert's ``for:`` at each scrape. So an
+inexact reading repeats this process's last exact one (``read_at`` says when it was
+taken), raised to whatever a lower bound read now says is more; with neither, there
+is no reading at all (``Backlog.measured`` is False), and /metrics exports no sample.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import reduce
 from math import inf
@@ -32,6 +40,7 @@ from typing import TypeVar
 from django.db import OperationalError, connection, transaction
 from django.db.models import BooleanField, Count, ExpressionWrapper, Min, Q, QuerySet
 from django.db.models.expressions import RawSQL
+from django.utils import timezone
 from psycopg.errors import QueryCanceled
 
 from cleanup.expressions import Clamped
@@ -61,12 +70,25 @@ _over_budget: dict[str, float] = {}
 class Backlog:
     rows: int  # eligible rows, counted up to COUNT_CAP
     oldest_observed: datetime | None  # the oldest eligible row's observed value
-    exact: bool = True  # False: the oldest is a lower bound on the age (see above)
+    exact: bool = True  # False: read past the budget (see above)
+    # When the figures were read exactly: now, or for an inexact reading the earlier
+    # exact one it repeats; None for a bare lower bound (or a read outside the budget).
+    read_at: datetime | None = None
 
     @property
     def capped(self) -> bool:
         """Whether counting stopped at the engine's cap: there may be more."""
         return self.rows >= COUNT_CAP
+
+    @property
+    def measured(self) -> bool:
+        """Whether the figures say anything: not for a read that ran out of budget
+        before it counted a row, with no exact reading before it to repeat."""
+        return self.exact or self.read_at is not None or self.rows > 0
+
+
+# Each key's last exact reading in this process: what a reading past the budget repeats.
+_last_exact: dict[str, Backlog] = {}
 
 
 def backlog(policy: Policy, frozen: dict[str, datetime]) -> Backlog:
@@ -115,17 +137,20 @@ def read_backlog(rows: QuerySet, field: str, budget: Budget, *,
     Below the cap both are exact from one statement. At the cap the oldest comes from
     the index; past the budget it is the oldest of the rows counted (``exact`` False),
     and for ``RETRY_AFTER_SECONDS`` this process does not try the index again for the
-    same ``key``. Nothing read within the budget: no rows, ``exact`` False. ``cap``
+    same ``key``. Past the budget, the last exact reading under ``key`` stands wherever
+    it says more than what was read; nothing read and none before: no rows, ``exact``
+    False, not ``measured`` (a caller must not export that 0 as a figure). ``cap``
     defaults to ``COUNT_CAP``.
     """
     cap = COUNT_CAP if cap is None else cap
     rows = rows.order_by()
+    last = _last_exact.get(key) if key is not None else None
     counted = budget.read(lambda: _count(rows, field, cap))
     if counted is None:
-        return Backlog(0, None, exact=False)
+        return at_least(Backlog(0, None, exact=False), last)
     if counted.rows < cap:
-        return counted
-    inexact = Backlog(counted.rows, counted.oldest_observed, exact=False)
+        return _remember(counted, key)
+    inexact = at_least(Backlog(counted.rows, counted.oldest_observed, exact=False), last)
     if key is not None and time.monotonic() - _over_budget.get(key, -inf) < RETRY_AFTER_SECONDS:
         return inexact
     oldest = budget.read(lambda: _oldest(rows, field))
@@ -133,25 +158,39 @@ def read_backlog(rows: QuerySet, field: str, budget: Budget, *,
         if key is not None:
             _over_budget[key] = time.monotonic()
         return inexact
-    return Backlog(counted.rows, oldest)
+    return _remember(Backlog(counted.rows, oldest), key)
 
 
-def backlogs(policies: list[Policy], now: datetime, budget: Budget) -> dict[str, Backlog]:
-    """Each policy's backlog at ``now`` within ``budget``. A policy whose figures went
-    over it also looks at the rows its chunks in flight name: the oldest rows left
-    while a run deletes them oldest first."""
+def at_least(reading: Backlog, bound: Backlog | None) -> Backlog:
+    """``reading``, inexact, raised to ``bound`` wherever that says more: more rows, an
+    older oldest row. Either may be an earlier exact reading, whose ``read_at`` stays."""
+    if bound is None:
+        return reading
+    oldest = [t for t in (reading.oldest_observed, bound.oldest_observed) if t]
+    return Backlog(max(reading.rows, bound.rows), min(oldest, default=None), exact=False,
+                   read_at=reading.read_at or bound.read_at)
+
+
+def _remember(reading: Backlog, key: str | None) -> Backlog:
+    reading = replace(reading, read_at=timezone.now())
+    if key is not None:
+        _last_exact[key] = reading
+    return reading
+
+
+def backlogs(policies: list[Policy], now: datetime,
+             budget: Budget) -> dict[str, Backlog | None]:
+    """Each policy's backlog at ``now`` within ``budget``; None where nothing could be
+    measured. A policy whose figures went over it also looks at the rows its chunks in
+    flight name: the oldest rows left while a run deletes them oldest first."""
     found = {}
     for policy in policies:
         frozen = policy.freeze(now)
         reading = read_backlog(policy.eligible_rows(frozen), policy.observed_field, budget,
                                key=f"policy:{policy.name}")
         if not reading.exact:
-            named = budget.read(lambda: in_flight(policy, frozen))  # noqa: B023
-            if named is not None:
-                oldest = [t for t in (reading.oldest_observed, named.oldest_observed) if t]
-                reading = Backlog(max(reading.rows, named.rows), min(oldest, default=None),
-                                  exact=False)
-        found[policy.name] = reading
+            reading = at_least(reading, budget.read(lambda: in_flight(policy, frozen)))  # noqa: B023
+        found[policy.name] = reading if reading.measured else None
     return found
 
 

@@ -195,17 +195,24 @@ class LedgerCollector:
             "eligible": GaugeMetricFamily(
                 "cleanup_eligible_rows",
                 f"Rows eligible now: the backlog, counted exactly up to {COUNT_CAP} (at the "
-                "cap: at least that many).",
+                "cap: at least that many). No sample while it cannot be measured.",
                 labels=["policy"]),
             "oldest": GaugeMetricFamily(
                 "cleanup_oldest_eligible_age_seconds",
-                "How long the oldest row eligible now has been eligible (0 when none).",
+                "How long the oldest row eligible now has been eligible (0 when none). No "
+                "sample while it cannot be measured.",
                 labels=["policy"]),
             "exact": GaugeMetricFamily(
                 "cleanup_backlog_exact",
-                "1 when the eligible rows and oldest age are exact; 0 when reading them "
-                "took longer than the budget and they are lower bounds (from the chunks "
-                "in flight).",
+                "1 when the eligible rows and oldest age were read exactly now; 0 when "
+                "reading them ran out of the budget: they then repeat this process's last "
+                "exact reading (its age grown since), raised to any lower bound read now "
+                "(rows counted, chunks in flight), and have no sample if there is neither.",
+                labels=["policy"]),
+            "reading_age": GaugeMetricFamily(
+                "cleanup_backlog_reading_age_seconds",
+                "Seconds since the exact reading the eligible rows and oldest age come "
+                "from was taken: 0 when now; no sample when they are only a lower bound.",
                 labels=["policy"]),
             "unfinished": GaugeMetricFamily(
                 "cleanup_oldest_unfinished_chunk_age_seconds",
@@ -250,14 +257,19 @@ class LedgerCollector:
         backlog = backlogs(policies, now, Budget())
         for policy in policies:
             label = [policy.name]
-            rows = backlog[policy.name]
-            oldest = (policy.eligible_since(rows.oldest_observed)
-                      if rows.oldest_observed else None)
+            reading = backlog[policy.name]
             chunks = in_flight.get(policy.name, {})
             schedule = schedules[policy.name]
-            gauges["eligible"].add_metric(label, rows.rows)
-            gauges["oldest"].add_metric(label, _age(now, oldest))
-            gauges["exact"].add_metric(label, 1 if rows.exact else 0)
+            gauges["exact"].add_metric(label, 1 if reading and reading.exact else 0)
+            # Nothing measured: no sample, which the alert rule rides over; a 0 would say
+            # "no backlog" and reset its for:.
+            if reading is not None:
+                oldest = (policy.eligible_since(reading.oldest_observed)
+                          if reading.oldest_observed else None)
+                gauges["eligible"].add_metric(label, reading.rows)
+                gauges["oldest"].add_metric(label, _age(now, oldest))
+                if reading.read_at is not None:
+                    gauges["reading_age"].add_metric(label, _age(now, reading.read_at))
             gauges["unfinished"].add_metric(label, _age(now, chunks.get("oldest_unfinished")))
             gauges["stalled"].add_metric(label, chunks.get("stalled", 0))
             gauges["ack"].add_metric(label, chunks.get("awaiting_ack", 0))

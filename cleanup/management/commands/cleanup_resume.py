@@ -1,5 +1,6 @@
 from cleanup.engine import holds, operations
 from cleanup.management.base import CleanupCommand, count
+from cleanup.management.commands.cleanup_pause import command_actor
 
 
 class Command(CleanupCommand):
@@ -11,7 +12,7 @@ class Command(CleanupCommand):
         parser.add_argument("--policy", required=True, help="The policy to resume.")
 
     def run(self, *, policy, **options) -> dict:
-        change = operations.resume_policy(policy, actor="command")
+        change = operations.resume_policy(policy, actor=command_actor())
         return {**holds.fields(change.hold), "resumed": change.changed,
                 "chunks_planned": change.planned}
 

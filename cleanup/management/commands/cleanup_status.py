@@ -1,8 +1,12 @@
 from cleanup.display import number
 from cleanup.engine.operations import get_run, latest_run
-from cleanup.exceptions import CleanupError
+from cleanup.exceptions import CleanupError, UnknownRun
 from cleanup.management.base import CleanupCommand, count, gone_policy_lines
 from cleanup.observability.status import gone_policy_holds, run_summary
+
+NO_RUN_YET = ("No run yet: dispatch one with manage.py cleanup_dispatch --policy NAME "
+              "(manage.py cleanup_policies lists them), or let the schedules start them: "
+              "manage.py cleanup_schedule, then a manage.py qcluster running.")
 
 
 class Command(CleanupCommand):
@@ -22,10 +26,21 @@ class Command(CleanupCommand):
             raise CleanupError(f"give one run, not two: RUN_ID {run_id!r} or --run "
                                f"{run_option!r}")
         chosen = run_id if run_id is not None else run_option
-        run = latest_run() if chosen is None else get_run(chosen)
+        if chosen is not None:
+            run = get_run(chosen)
+        else:
+            try:
+                run = latest_run()
+            except UnknownRun:
+                # Nothing has failed: a new install has simply not run anything yet.
+                return {"run_id": None, "state": None, "note": NO_RUN_YET,
+                        "gone_policy_holds": gone_policy_holds()}
         return {**run_summary(run), "gone_policy_holds": gone_policy_holds()}
 
     def describe(self, result: dict, verbosity: int) -> str:
+        if result["run_id"] is None:
+            gone = gone_policy_lines(result["gone_policy_holds"])
+            return "\n".join([result["note"], *(["", *gone] if gone else [])])
         chunks = ", ".join(f"{state} {n}" for state, n in result["chunks"].items()
                            if state != "total" and (n or verbosity > 1))
         lines = [

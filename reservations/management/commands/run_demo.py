@@ -1,10 +1,12 @@
+import os
 from datetime import timedelta
+from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
 from cleanup.management.base import Duration, WholeNumber, count
 from cleanup.management.reports import progress, write_report
-from reservations.demo import run_demo
+from reservations.demo import MAIL_DIR, run_demo
 from reservations.management.wiping import add_wipe_arguments, confirm_wipe
 
 
@@ -26,9 +28,15 @@ class Command(BaseCommand):
                             default=timedelta(seconds=180),
                             help="How long to wait for the runs to finish: seconds, or "
                             "a duration such as 10m (default 180, at most 6h).")
+        parser.add_argument("--mail-dir", type=Path, default=MAIL_DIR,
+                            help="Where the cluster writes the reminders it sends, one file "
+                            "per connection; the demo first removes the mail files a "
+                            "previous demo left there (default: .data/demo-mail in the "
+                            "checkout).")
         add_wipe_arguments(parser)
 
-    def handle(self, *args, expired, active, racers, timeout, interactive, **options):
+    def handle(self, *args, expired, active, racers, timeout, mail_dir, interactive,
+               **options):
         if expired < 2 * racers:
             raise CommandError("--expired must be at least twice --racers")
         if isinstance(timeout, timedelta):  # call_command(timeout=30) passes a number
@@ -37,7 +45,7 @@ class Command(BaseCommand):
         say = progress(self, options)
         try:
             report = run_demo(expired=expired, active=active, racers=racers,
-                              timeout=timeout, say=say)
+                              timeout=timeout, say=say, mail=mail_dir.resolve())
         except TimeoutError as exc:
             raise CommandError(str(exc)) from exc
         write_report(self, report, options, table=self.table, failed="a demo check failed")
@@ -58,7 +66,8 @@ class Command(BaseCommand):
         reminders = report.reminders
         states = ", ".join(f"{n} {state}" for state, n in sorted(reminders["by_state"].items()))
         lines += [f"Reminders now: {states or 'none'}; {count(reminders['mails'], 'mail')} "
-                  "written by the cluster's file backend."]
+                  f"written by the cluster's file backend to {_shown(reminders['folder'])}/ "
+                  "(kept until the next demo)."]
         if reminders["sample"]:
             sample = reminders["sample"]
             lines.append(f"  e.g. to {sample['To']}: \"{sample['Subject']}\" "
@@ -66,3 +75,10 @@ class Command(BaseCommand):
         lines.append("")
         lines += [f"  [{'ok' if ok else 'FAILED'}] {name}" for name, ok in report.checks.items()]
         return "\n".join(lines)
+
+
+def _shown(folder: str) -> str:
+    """The folder as the operator typed the command: relative to where they stand when
+    it is below it."""
+    relative = os.path.relpath(folder)
+    return folder if relative.startswith("..") else relative

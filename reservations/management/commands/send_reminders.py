@@ -38,7 +38,7 @@ class Command(CleanupCommand):
                 "not_sent": {k: v for k, v in outcomes.items() if k != reminders.SENT}}
 
     def describe(self, result: dict, verbosity: int) -> str:
-        skipped = ", ".join(f"{n} {reason.replace('_', ' ')}"
+        skipped = ", ".join(f"{n:,} {reason.replace('_', ' ')}"
                             for reason, n in sorted(result["not_sent"].items()))
         lines = [f"Sent {count(result['sent'], 'reminder')}" + (
             f"; not sent: {skipped}." if skipped else ".")]

@@ -1,0 +1,115 @@
+"""django-q2's own task pages stay readable beside the console, but nothing resubmits,
+changes or deletes a chunk's task there: that path went around the console's
+confirmations and its ledger (issue 33)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.urls import reverse
+from django.utils import timezone
+from django_q.models import Failure, OrmQ, Success
+
+from cleanup.engine.dispatch import dispatch
+from cleanup.engine.transport import CHUNK_TASK
+from cleanup.engine.worker import apply_chunk
+from cleanup.models import Chunk
+
+pytestmark = pytest.mark.django_db
+
+FAILED = reverse("admin:django_q_failure_changelist")
+SUCCEEDED = reverse("admin:django_q_success_changelist")
+QUEUED = reverse("admin:django_q_ormq_changelist")
+
+
+@pytest.fixture
+def failed_delivery(dead_letter) -> Failure:
+    """The failed task django-q2 recorded for a dead letter's delivery."""
+    now = timezone.now()
+    return Failure.objects.create(
+        id=uuid.uuid4().hex, name="failed-delivery", func=CHUNK_TASK,
+        args=(dead_letter.message,), kwargs={}, result="MessageError: ...",
+        group=str(dead_letter.run_id), started=now, stopped=now, success=False)
+
+
+def test_failed_tasks_offer_no_resubmit_and_point_to_the_dead_letters(admin_client,
+                                                                      failed_delivery):
+    page = admin_client.get(FAILED)
+
+    content = page.content.decode()
+    assert page.status_code == 200 and "failed-delivery" in content  # still listed
+    assert page.context["action_form"] is None  # no action at all, resubmit included
+    assert "resubmit_task" not in content
+    assert f'href="{reverse("admin:cleanup_chunk_dead_letters")}"' in content
+
+
+def test_posting_the_resubmit_action_sends_nothing_and_keeps_the_task(admin_client,
+                                                                      failed_delivery,
+                                                                      dead_letter):
+    response = admin_client.post(FAILED, {"action": "resubmit_task", "index": "0",
+                                          "_selected_action": [failed_delivery.pk]})
+
+    assert response.status_code == 200
+    assert OrmQ.objects.count() == 0
+    assert Failure.objects.filter(pk=failed_delivery.pk).exists()
+    assert Chunk.objects.get(pk=dead_letter.pk).state == Chunk.State.DEAD_LETTERED
+
+
+def test_a_failed_task_cannot_be_changed_or_deleted(admin_client, failed_delivery):
+    change = reverse("admin:django_q_failure_change", args=[failed_delivery.pk])
+    delete = reverse("admin:django_q_failure_delete", args=[failed_delivery.pk])
+
+    page = admin_client.get(change)
+
+    assert page.status_code == 200 and 'name="_save"' not in page.content.decode()
+    assert "dead letters by cause" in page.content.decode()
+    assert admin_client.post(delete, {"post": "yes"}).status_code == 403
+    assert Failure.objects.filter(pk=failed_delivery.pk).exists()
+
+
+def test_successful_tasks_offer_no_resubmit(admin_client, expired_holds):
+    chunk = dispatch("expire-holds").run.chunks.get()
+    apply_chunk(chunk.message)
+    now = timezone.now()
+    Success.objects.create(id=uuid.uuid4().hex, name="delivered", func=CHUNK_TASK,
+                           args=(chunk.message,), kwargs={}, result="deleted",
+                           group=str(chunk.run_id), started=now, stopped=now, success=True)
+    OrmQ.objects.all().delete()
+
+    page = admin_client.get(SUCCEEDED)
+    admin_client.post(SUCCEEDED, {"action": "resubmit_task", "index": "0",
+                                  "_selected_action": [Success.objects.get().pk]})
+
+    assert page.status_code == 200 and page.context["action_form"] is None
+    assert OrmQ.objects.count() == 0
+
+
+def test_queued_chunk_messages_cannot_be_deleted_from_the_queue_page(admin_client,
+                                                                    expired_holds):
+    dispatch("expire-holds")
+    queued = OrmQ.objects.get()
+
+    page = admin_client.get(QUEUED)
+    admin_client.post(QUEUED, {"action": "delete_selected", "post": "yes", "index": "0",
+                               "_selected_action": [queued.pk]})
+    delete = admin_client.post(reverse("admin:django_q_ormq_delete", args=[queued.pk]),
+                               {"post": "yes"})
+
+    assert page.status_code == 200 and page.context["action_form"] is None
+    assert delete.status_code == 403
+    assert OrmQ.objects.filter(pk=queued.pk).exists()
+
+
+def test_staff_who_may_view_tasks_still_read_the_failed_ones(client, failed_delivery):
+    user = User.objects.create_user("support", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(content_type__app_label="django_q",
+                                                     codename="view_failure"))
+    client.force_login(user)
+
+    listing = client.get(FAILED)
+    detail = client.get(reverse("admin:django_q_failure_change", args=[failed_delivery.pk]))
+
+    assert listing.status_code == 200 and "failed-delivery" in listing.content.decode()
+    assert detail.status_code == 200
