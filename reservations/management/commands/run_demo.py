@@ -56,9 +56,10 @@ class Command(BaseCommand):
         lines = ["", header, "-" * len(header)]
         for run in report.runs:
             lines.append(
-                f"{run['policy']:<26}{run['candidates']:>11}{run['chunks_planned']:>8}"
-                f"{run['rows_changed']:>9}{run['items_skipped']:>9}{run['noop_deliveries']:>8}"
-                f"{run['deliveries']:>12}  {run['state']} ({run['mutation']})"
+                f"{run['policy']:<26}{run['candidates']:>11,}{run['chunks_planned']:>8,}"
+                f"{run['rows_changed']:>9,}{run['items_skipped']:>9,}"
+                f"{run['noop_deliveries']:>8,}{run['deliveries']:>12,}  "
+                f"{run['state']} ({run['mutation']})"
             )
         racing = report.racing
         lines += ["", f"Racing learners: {racing['renewed']} renewed, {racing['confirmed']} "
