@@ -11,6 +11,7 @@ from django.db.models import (
     F,
     Func,
     JSONField,
+    Value,
 )
 
 
@@ -125,3 +126,43 @@ class MessageField(JSONField):
 
     def get_placeholder(self, value, compiler, connection):
         return "%s"
+
+
+class Appended(Func):
+    """A jsonb array with one element more at its end; once it holds ``keep``
+    elements, its first is dropped, so the array stays bounded."""
+
+    output_field = JSONField()
+
+    def __init__(self, field: str, element: dict, *, keep: int):
+        super().__init__(F(field), Value(element, output_field=JSONField()))
+        self.keep = int(keep)
+
+    def as_sql(self, compiler, connection, **extra_context):
+        array, array_params = compiler.compile(self.source_expressions[0])
+        element, element_params = compiler.compile(self.source_expressions[1])
+        sql = (f"(CASE WHEN jsonb_array_length({array}) >= {self.keep} THEN {array} - 0 "
+               f"ELSE {array} END) || jsonb_build_array(({element})::jsonb)")
+        return sql, (*array_params, *array_params, *array_params, *element_params)
+
+
+class MergedWhere(Func):
+    """A jsonb array of objects whose elements with ``key`` equal to ``value`` have
+    ``patch`` merged into them; the others, and their order, are kept."""
+
+    output_field = JSONField()
+
+    def __init__(self, field: str, key: str, value, patch: dict):
+        super().__init__(F(field), Value(str(value)), Value(patch, output_field=JSONField()))
+        self.key = key
+
+    def as_sql(self, compiler, connection, **extra_context):
+        array, array_params = compiler.compile(self.source_expressions[0])
+        value, value_params = compiler.compile(self.source_expressions[1])
+        patch, patch_params = compiler.compile(self.source_expressions[2])
+        key = self.key.replace("'", "''")
+        sql = (f"(SELECT coalesce(jsonb_agg(CASE WHEN element ->> '{key}' = {value} "
+               f"THEN element || ({patch})::jsonb ELSE element END ORDER BY position), "
+               f"'[]'::jsonb) FROM jsonb_array_elements({array}) "
+               f"WITH ORDINALITY AS elements(element, position))")
+        return sql, (*value_params, *patch_params, *array_params)

@@ -21,6 +21,7 @@ from cleanup.engine import operations
 from cleanup.engine.replay import replay
 from cleanup.exceptions import CleanupError
 from cleanup.models import Chunk
+from cleanup.observability import blockers
 
 
 class ChunkStateFilter(admin.SimpleListFilter):
@@ -88,9 +89,11 @@ class ChunkAdmin(LedgerAdmin):
         return [spec for spec in fieldsets if spec[0] != "Failure"]
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
+        chunk = self.get_object(request, object_id)
         extra_context = {**(extra_context or {}),
                          "can_requeue": self.has_requeue_permission(request),
-                         "can_discard": self.has_discard_permission(request)}
+                         "can_discard": self.has_discard_permission(request),
+                         "blockers": chunk and blockers.for_chunk(chunk)}
         return super().change_view(request, object_id, form_url, extra_context)
 
     @admin.display(description="reason")

@@ -15,7 +15,9 @@ from cleanup.console.base import LedgerAdmin
 from cleanup.console.forms import PauseForm
 from cleanup.engine import holds, operations
 from cleanup.exceptions import CleanupError
+from cleanup.observability import blockers
 from cleanup.observability import health as health_report
+from cleanup.observability.live import live_view
 from cleanup.observability.overview import banner, gone_policies, overview
 from cleanup.policies import all_policies
 
@@ -36,6 +38,8 @@ class CleanupOverviewAdmin(LedgerAdmin):
                  name="cleanup_policy_pause"),
             path("resume/<str:policy>/", self.admin_site.admin_view(self.resume_view),
                  name="cleanup_policy_resume"),
+            path("blockers/<str:policy>/", self.admin_site.admin_view(self.blockers_view),
+                 name="cleanup_policy_blockers"),
         ]
 
     def changelist_view(self, request, extra_context=None):
@@ -57,8 +61,23 @@ class CleanupOverviewAdmin(LedgerAdmin):
             "lease": lease(),
             "refresh_seconds": OVERVIEW_REFRESH_SECONDS,
             "can_pause": self.has_pause_permission(request),
+            "live": live_view(now),
         }
         return TemplateResponse(request, "admin/cleanup/cleanupoverview/overview.html",
+                                context)
+
+    def blockers_view(self, request, policy):
+        """Who keeps a policy's chunks waiting: the blocking sessions, read from
+        PostgreSQL now, and the chunks waiting on them."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"What {policy} waits on",
+            "opts": self.opts, "policy": policy,
+            "blockers": blockers.for_policy(policy),
+        }
+        return TemplateResponse(request, "admin/cleanup/cleanupoverview/blockers.html",
                                 context)
 
     def pause_view(self, request, policy):

@@ -22,6 +22,7 @@ from cleanup.engine import frontier, operations, planning
 from cleanup.engine.replay import replay
 from cleanup.exceptions import CleanupError
 from cleanup.models import Chunk, Run
+from cleanup.observability import blockers
 
 # The replays a run page links to; the list's search finds every one.
 SHOWN_REPLAYS = 10
@@ -252,6 +253,7 @@ class RunAdmin(DispatchPagesAdmin):
             extra_context["can_requeue"] = self.has_requeue_permission(request)
             extra_context["can_discard"] = self.has_discard_permission(request)
             extra_context["totals"] = run_totals(run)
+            extra_context["blockers"] = blockers.for_run(run)
         return super().change_view(request, object_id, form_url, extra_context)
 
     def get_search_results(self, request, queryset, search_term):

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 
 from django.db import connection
 
+from cleanup.conf import conf
 from cleanup.models import Lease
 
 _TABLE = Lease._meta.db_table
@@ -30,10 +31,12 @@ _owner: tuple[int, str] | None = None
 
 
 def this_process() -> str:
-    """The owner name of this process: host, pid and a random token."""
+    """The owner name of this process: host (``CLEANUP_NODE_NAME`` if set), pid and a
+    random token. A chunk's history names the worker of each delivery by it too."""
     global _owner
     if _owner is None or _owner[0] != os.getpid():
-        _owner = (os.getpid(), f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
+        host = conf.NODE_NAME or socket.gethostname()
+        _owner = (os.getpid(), f"{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
     return _owner[1]
 
 

@@ -23,23 +23,26 @@ log = structlog.get_logger("cleanup.ledger")
 
 def commit(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
            updated: int = 0, locked: int = 0, cpu_wait: float | None = None,
-           policy: str | None = None) -> bool:
+           policy: str | None = None, delivery: int | None = None) -> bool:
     """``transitions.commit``, then the window topped up and the run settled
     (``policy``: the run's, where the caller knows it)."""
     committed = transitions.commit(chunk, deleted=deleted, retries=retries, elapsed=elapsed,
-                                   updated=updated, locked=locked, cpu_wait=cpu_wait)
+                                   updated=updated, locked=locked, cpu_wait=cpu_wait,
+                                   delivery=delivery)
     if committed:
         advance_and_settle(chunk.run_id, policy=policy)
     return committed
 
 
-def dead_letter(chunk: Chunk, reason: str, failure_class: str, *, received: str = "") -> bool:
+def dead_letter(chunk: Chunk, reason: str, failure_class: str, *, received: str = "",
+                delivery: int | None = None) -> bool:
     """``transitions.dead_letter`` in a savepoint with the top-up and the settling; False
     if the chunk had finished (a committed chunk is never dead-lettered). A run whose
     chunks mostly fail holds its policy first (cleanup.engine.failing), so the top-up
     plans nothing more of it."""
     with transaction.atomic():
-        dead = transitions.dead_letter(chunk, reason, failure_class, received=received)
+        dead = transitions.dead_letter(chunk, reason, failure_class, received=received,
+                                       delivery=delivery)
         if dead:
             failing.weigh(chunk.run_id)
             advance_and_settle(chunk.run_id)

@@ -34,11 +34,15 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from cleanup.exceptions import cause_of
+from cleanup.expressions import Appended, MergedWhere
 from cleanup.models import Chunk, Run
 
 log = structlog.get_logger("cleanup.ledger")
 
 UNFINISHED = Chunk.UNFINISHED
+# A chunk keeps the history of its last deliveries only: one requeued again and again
+# (or a message duplicated a thousand times) must not grow its row without end.
+HISTORY_KEPT = 50
 
 
 def enqueue(pks: Iterable[int], now: datetime | None = None) -> int:
@@ -49,12 +53,14 @@ def enqueue(pks: Iterable[int], now: datetime | None = None) -> int:
 
 
 def commit(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
-           updated: int = 0, locked: int = 0, cpu_wait: float | None = None) -> bool:
+           updated: int = 0, locked: int = 0, cpu_wait: float | None = None,
+           delivery: int | None = None) -> bool:
     """unfinished → committed, with the outcome, in the transaction of the chunk's DELETE.
 
     ``elapsed`` covers the transaction up to this write (the commit itself is not in
     it); ``cpu_wait`` is how much of it the worker spent waiting for a CPU; ``locked``
-    the eligible rows it skipped because another transaction kept them locked.
+    the eligible rows it skipped because another transaction kept them locked;
+    ``delivery`` the number of the delivery that committed it, ended in its history.
     """
     updated = Chunk.objects.filter(pk=chunk.pk, state__in=UNFINISHED).update(
         duration_ms=round(elapsed * 1000),
@@ -69,24 +75,56 @@ def commit(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
         deliveries_completed=F("deliveries_completed") + 1,
         noop_deliveries=F("noop_deliveries") + (0 if deleted or updated else 1),
         transient_retries=F("transient_retries") + retries,
+        **_ended(delivery, "committed", rows=deleted + updated, locked=locked,
+                 retries=retries),
     )
     return bool(updated)
 
 
-def count_noop(chunk: Chunk, *, retries: int) -> None:
-    """A delivery of a chunk that had finished: completed, and it changed nothing."""
+def count_noop(chunk: Chunk, *, retries: int, already: str,
+               delivery: int | None = None) -> None:
+    """A delivery of a chunk that had finished (``already``, its state): completed, and
+    it changed nothing."""
     Chunk.objects.filter(pk=chunk.pk).update(
         deliveries_completed=F("deliveries_completed") + 1,
         noop_deliveries=F("noop_deliveries") + 1,
         transient_retries=F("transient_retries") + retries,
+        **_ended(delivery, f"no-op: already {already}", retries=retries),
     )
 
 
-def start_delivery(chunk: Chunk, *, received_at: datetime | None) -> None:
+def start_delivery(chunk: Chunk, *, received_at: datetime | None, worker: str = "",
+                   outcome: str = "") -> int:
     """A delivery started (committed before its work, so a killed worker leaves its
-    trace); ``received_at`` None for a message too malformed to be delivered."""
+    trace) and entered in the chunk's history; ``received_at`` None for a message too
+    malformed to be delivered, ``outcome`` for a delivery that ends as it starts.
+    Returns the delivery's number: the caller holds the chunk's lock, so it is exact.
+    """
+    number = chunk.deliveries + 1
+    at = (received_at or timezone.now()).isoformat()
+    entry = {"n": number, "at": at, "worker": worker}
+    if outcome:
+        entry.update(ended_at=at, outcome=outcome)
     stamp = {"last_delivery_at": received_at} if received_at is not None else {}
-    Chunk.objects.filter(pk=chunk.pk).update(deliveries=F("deliveries") + 1, **stamp)
+    Chunk.objects.filter(pk=chunk.pk).update(
+        deliveries=F("deliveries") + 1,
+        history=Appended("history", entry, keep=HISTORY_KEPT),
+        **stamp,
+    )
+    return number
+
+
+def _ended(delivery: int | None, outcome: str, *, error: str = "", rows: int = 0,
+           locked: int = 0, retries: int = 0) -> dict:
+    """The update that ends delivery number ``delivery`` in the chunk's history (none
+    for a write that ends no delivery); an error is kept as its one line."""
+    if delivery is None:
+        return {}
+    patch = {"ended_at": timezone.now().isoformat(), "outcome": outcome}
+    patch.update({name: value for name, value in
+                  (("rows", rows), ("locked", locked), ("retries", retries),
+                   ("error", cause_of(error))) if value})
+    return {"history": MergedWhere("history", "n", delivery, patch)}
 
 
 def acknowledge(chunks: Q) -> int:
@@ -96,9 +134,10 @@ def acknowledge(chunks: Q) -> int:
     )
 
 
-def retry(chunk: Chunk, *, error: str, retries: int) -> bool:
+def retry(chunk: Chunk, *, error: str, retries: int, delivery: int | None = None) -> bool:
     """unfinished → retrying: the delivery failed transiently and is left for redelivery."""
     return bool(Chunk.objects.filter(pk=chunk.pk, state__in=UNFINISHED).update(
+        **_ended(delivery, "left for redelivery", error=error, retries=retries),
         state=Chunk.State.RETRYING,
         failure_class=Chunk.FailureClass.TRANSIENT,
         failures=F("failures") + 1,
@@ -109,7 +148,7 @@ def retry(chunk: Chunk, *, error: str, retries: int) -> bool:
 
 
 def dead_letter(chunk: Chunk, reason: str, failure_class: str, *,
-                received: str = "") -> bool:
+                received: str = "", delivery: int | None = None) -> bool:
     """unfinished → dead_lettered with the class of its failure (and the message the
     delivery carried, where it differs from the one sent); False if it had finished
     (a committed chunk is never dead-lettered).
@@ -130,6 +169,7 @@ def dead_letter(chunk: Chunk, reason: str, failure_class: str, *,
         **error,
         dead_letters=F("dead_letters") + 1,
         **({"received_message": received} if received else {}),
+        **_ended(delivery, f"dead-lettered ({failure_class})", error=reason),
     ))
 
 

@@ -19,6 +19,7 @@ from cleanup import faults
 from cleanup.conf import conf
 from cleanup.engine import (
     cpu_wait,
+    leases,
     locked_rows,
     messages,
     orphans,
@@ -99,7 +100,7 @@ def apply_chunk(raw, *, leased: bool = False) -> Outcome:
 
     if leased and not sync_lease.renew(message.run_id):
         raise LeaseLost(f"run {message.run_id} was taken over by the workers")
-    chunk = _start_delivery(raw, message, policy)
+    chunk, delivery = _start_delivery(raw, message, policy)
     if chunk is None or chunk.state == Chunk.State.DEAD_LETTERED:
         return Outcome.DEAD_LETTERED
 
@@ -110,7 +111,7 @@ def apply_chunk(raw, *, leased: bool = False) -> Outcome:
         pressure.check(policy)
         try:
             with pressure.holding_rows():
-                return _apply(chunk, message, policy, retries, leased=leased,
+                return _apply(chunk, message, policy, retries, delivery, leased=leased,
                               skip_locked=skip_locked)
         except LeaseLost:
             raise
@@ -124,10 +125,11 @@ def apply_chunk(raw, *, leased: bool = False) -> Outcome:
             if not transient(exc):
                 # Deterministic (a bug, a predicate the database rejects): another
                 # delivery would fail the same way.
-                outcomes.dead_letter(chunk, traceback_of(exc), Chunk.FailureClass.ERROR)
+                outcomes.dead_letter(chunk, traceback_of(exc), Chunk.FailureClass.ERROR,
+                                     delivery=delivery)
                 return Outcome.DEAD_LETTERED
             if retries >= conf.TRANSIENT_RETRIES:
-                _record_failure(chunk, exc, retries)
+                _record_failure(chunk, exc, retries, delivery)
                 raise
             retries += 1
             time.sleep(conf.TRANSIENT_BACKOFF * 2 ** (retries - 1) * random.uniform(0.5, 1.5))
@@ -146,8 +148,8 @@ def chunk_statement(policy: Policy, message: ChunkMessage, frozen: dict[str, dat
     return rows.filter(**partition, pk__gte=message.start_id, pk__lt=message.end_id)
 
 
-def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int, *,
-           leased: bool = False, skip_locked: bool = False) -> Outcome:
+def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int,
+           delivery: int, *, leased: bool = False, skip_locked: bool = False) -> Outcome:
     started, waited = time.monotonic(), cpu_wait.waited()
     with _chunk_transaction():
         bound_transaction(chunk_session=True)
@@ -171,7 +173,8 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int, *,
             state = Chunk.State.CANCELLED
         deleted = updated = locked = 0
         if state not in Chunk.UNFINISHED:
-            transitions.count_noop(current, retries=retries)
+            transitions.count_noop(current, retries=retries, already=state,
+                                   delivery=delivery)
             outcome = Outcome.NOOP
         else:
             eligible = chunk_statement(policy, message, chunk.run.frozen)
@@ -192,7 +195,8 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int, *,
                 locked = eligible.count()
             outcomes.commit(current, deleted=deleted, updated=updated, locked=locked,
                             retries=retries, elapsed=time.monotonic() - started,
-                            cpu_wait=cpu_wait.since(waited), policy=policy.name)
+                            cpu_wait=cpu_wait.since(waited), policy=policy.name,
+                            delivery=delivery)
             faults.reach(faults.BEFORE_COMMIT)
     log.info(
         "chunk outcome",
@@ -232,9 +236,11 @@ def _locked(doomed):
     return doomed.filter(pk__in=locked)
 
 
-def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
-    """Count the delivery in its own commit; dead-letter a chunk that keeps dying.
-    None if the message names no chunk or was refused (the chunk dead-lettered).
+def _start_delivery(raw, message: ChunkMessage,
+                    policy: Policy) -> tuple[Chunk | None, int | None]:
+    """Count the delivery in its own commit, entered in the chunk's history with its
+    number; dead-letter a chunk that keeps dying. No chunk if the message names none or
+    was refused (the chunk dead-lettered).
 
     The start is committed before the work so a worker killed mid-chunk still leaves
     its trace: deliveries started minus completed is what django-q2 cannot count.
@@ -250,7 +256,7 @@ def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
         if chunk is None:
             orphans.record_orphan(raw, f"run {message.run_id} has no chunk {message.chunk_id}",
                                  run_id=message.run_id, chunk_id=message.chunk_id)
-            return None
+            return None, None
         failure_class = Chunk.FailureClass.MALFORMED
         run = chunk.run
         if run.policy != policy.name or run.cutoff != message.cutoff:
@@ -271,18 +277,22 @@ def _start_delivery(raw, message: ChunkMessage, policy: Policy) -> Chunk | None:
             failure_class, reason = _kept_dying(chunk)
         else:
             reason = ""
-        transitions.start_delivery(chunk, received_at=timezone.now())
+        ended = ("not applied: the chunk is dead-lettered"
+                 if not reason and chunk.state == Chunk.State.DEAD_LETTERED else "")
+        delivery = transitions.start_delivery(chunk, received_at=timezone.now(),
+                                              worker=leases.this_process(), outcome=ended)
     if reason:
-        _refuse(raw, chunk, reason, failure_class)
-        return None
-    return chunk
+        _refuse(raw, chunk, reason, failure_class, delivery)
+        return None, None
+    return chunk, delivery
 
 
-def _refuse(raw, chunk: Chunk, reason: str, failure_class: str) -> None:
+def _refuse(raw, chunk: Chunk, reason: str, failure_class: str, delivery: int) -> None:
     """Dead-letter a chunk for a message it cannot act on; if the chunk had already
     finished, keep the message where malformed ones are kept, so it leaves a trace."""
     received = _if_other(raw, chunk)
-    if not outcomes.dead_letter(chunk, reason, failure_class, received=received):
+    if not outcomes.dead_letter(chunk, reason, failure_class, received=received,
+                                delivery=delivery):
         orphans.record_orphan(raw, f"{reason} (chunk already {chunk.state})",
                              run_id=str(chunk.run_id), chunk_id=chunk.chunk_id)
 
@@ -329,8 +339,8 @@ def _unfinished(chunk: Chunk) -> int:
     return chunk.deliveries - chunk.deliveries_completed - chunk.unfinished_forgiven
 
 
-def _record_failure(chunk: Chunk, exc: BaseException, retries: int) -> None:
-    transitions.retry(chunk, error=traceback_of(exc), retries=retries)
+def _record_failure(chunk: Chunk, exc: BaseException, retries: int, delivery: int) -> None:
+    transitions.retry(chunk, error=traceback_of(exc), retries=retries, delivery=delivery)
     log.warning(
         "chunk failed, left for redelivery",
         **transitions.chunk_fields(chunk),
@@ -350,8 +360,9 @@ def _dead_letter_message(raw, exc: Exception) -> Outcome:
     if chunk is None:
         orphans.record_orphan(raw, str(exc), run_id=run_id, chunk_id=chunk_id)
     else:
-        transitions.start_delivery(chunk, received_at=None)
-        _refuse(raw, chunk, f"malformed message: {exc}", Chunk.FailureClass.MALFORMED)
+        delivery = transitions.start_delivery(chunk, received_at=None, worker=leases.this_process())
+        _refuse(raw, chunk, f"malformed message: {exc}", Chunk.FailureClass.MALFORMED,
+                delivery)
     return Outcome.DEAD_LETTERED
 
 

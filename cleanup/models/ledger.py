@@ -227,6 +227,13 @@ class Chunk(models.Model):
     reconciles = models.PositiveIntegerField(
         default=0, help_text="Times the reconciler re-sent it as lost or never sent."
     )
+    history = models.JSONField(
+        default=list, blank=True,
+        help_text="Its deliveries, oldest first (the last 50): each with when it began, "
+                  "the worker (host:pid), and, once it ended, when, its outcome, the rows "
+                  "it changed, its in-task retries and its error's line. One without an "
+                  "outcome is in progress, or its worker died.",
+    )
 
     class Meta:
         ordering = ["run", "chunk_id"]
