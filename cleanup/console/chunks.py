@@ -21,7 +21,7 @@ from cleanup.engine import operations
 from cleanup.engine.replay import replay
 from cleanup.exceptions import CleanupError
 from cleanup.models import Chunk
-from cleanup.observability import blockers
+from cleanup.observability import blockers, waits
 
 
 class ChunkStateFilter(admin.SimpleListFilter):
@@ -93,7 +93,10 @@ class ChunkAdmin(LedgerAdmin):
         extra_context = {**(extra_context or {}),
                          "can_requeue": self.has_requeue_permission(request),
                          "can_discard": self.has_discard_permission(request),
-                         "blockers": chunk and blockers.for_chunk(chunk)}
+                         "blockers": chunk and blockers.for_chunk(chunk),
+                         "deliveries": chunk and waits.deliveries(chunk),
+                         "deliveries_not_kept": chunk and waits.not_kept(chunk),
+                         "in_progress_limit": waits.IN_PROGRESS_NO_LONGER_THAN}
         return super().change_view(request, object_id, form_url, extra_context)
 
     @admin.display(description="reason")

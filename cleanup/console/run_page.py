@@ -12,22 +12,28 @@ from django.utils.translation import ngettext
 from cleanup import display
 from cleanup.models import Chunk, Run
 from cleanup.observability.status import run_summary
+from cleanup.observability.waits import why_it_waits, working_seconds
 
 CHUNKS_PER_PAGE = 50
 
 
 def run_totals(run: Run) -> dict:
-    """The run page's headline: progress and what its chunks did."""
+    """The run page's headline: progress, what its chunks did, why it waits, and its
+    rate over the time it worked (not the time it was stuck)."""
     summary = run_summary(run)
     done = summary["chunks"]["committed"] + summary["chunks"]["acknowledged"]
-    seconds = ((run.finished_at or timezone.now()) - run.created_at).total_seconds()
+    now = timezone.now()
+    seconds = ((run.finished_at or now) - run.created_at).total_seconds()
+    worked = working_seconds(run)
     return {
         **summary,
         "done": done,
         "position_percent": None if summary["position"] is None
         else round(100 * summary["position"]),
         "seconds": round(seconds, 1),
-        "rate": round(summary["rows_changed"] / seconds) if seconds > 0 else None,
+        "worked_seconds": round(worked, 1),
+        "rate": round(summary["rows_changed"] / worked) if worked > 0 else None,
+        "waits": why_it_waits(run, now),
         "dead": summary["chunks"]["dead_lettered"],
     }
 

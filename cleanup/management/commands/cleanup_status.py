@@ -1,8 +1,9 @@
-from cleanup.display import number
+from cleanup.display import duration, number
 from cleanup.engine.operations import get_run, latest_run
 from cleanup.exceptions import CleanupError, UnknownRun
 from cleanup.management.base import CleanupCommand, count, gone_policy_lines
 from cleanup.observability.status import gone_policy_holds, run_summary
+from cleanup.observability.waits import why_it_waits, working_seconds
 
 NO_RUN_YET = ("No run yet: dispatch one with manage.py cleanup_dispatch --policy NAME "
               "(manage.py cleanup_policies lists them), or let the schedules start them: "
@@ -35,7 +36,10 @@ class Command(CleanupCommand):
                 # Nothing has failed: a new install has simply not run anything yet.
                 return {"run_id": None, "state": None, "note": NO_RUN_YET,
                         "gone_policy_holds": gone_policy_holds()}
-        return {**run_summary(run), "gone_policy_holds": gone_policy_holds()}
+        return {**run_summary(run), "gone_policy_holds": gone_policy_holds(),
+                # Beside "held" (its policy's holds): what else the run waits on now.
+                "waiting": why_it_waits(run, held=False),
+                "worked_seconds": round(working_seconds(run), 3)}
 
     def describe(self, result: dict, verbosity: int) -> str:
         if result["run_id"] is None:
@@ -58,6 +62,11 @@ class Command(CleanupCommand):
                          "transaction past CLEANUP_ROW_LOCK_WAIT_MS; a later run takes them)")
         lines += [f"  {hold}: nothing new is planned until it is resumed"
                   for hold in result["held"]]
+        lines += [f"  waiting: {reason}" for reason in result["waiting"]]
+        if result["rows_changed"] and result["worked_seconds"]:
+            rate = round(result["rows_changed"] / result["worked_seconds"])
+            lines.append(f"  {number(rate)} rows/s over {duration(result['worked_seconds'])} "
+                         "of work (time it was stuck or waiting left out)")
         if verbosity > 1:
             lines.append(f"  key {result['dispatch_key']}, trigger {result['trigger']}, "
                          f"replay of {result['replay_of'] or '-'}")
