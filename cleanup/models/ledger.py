@@ -246,6 +246,9 @@ class Chunk(models.Model):
             # The scrape's pass reads the chunks not folded, a few among many.
             models.Index(fields=["run"], condition=models.Q(folded=False),
                          name="chunk_not_folded"),
+            # The overview's rows per minute over the last hour, read every few seconds.
+            models.Index(fields=["committed_at"], condition=models.Q(committed_at__isnull=False),
+                         name="chunk_committed_at"),
         ]
 
     def __str__(self) -> str:
