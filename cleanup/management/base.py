@@ -4,6 +4,7 @@ logs, and one line (or one JSON object) for every refusal."""
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import logging
 import re
@@ -162,6 +163,23 @@ def connection_failure(exc: BaseException) -> str | None:
     else:
         fix = "fix DATABASE_URL or start the server it names"
     return f"cannot connect to the database {where}: {reason}; {fix}"
+
+
+# Room for the name in the hold's actor column (150), beside "command ()".
+MAX_OS_USER = 100
+
+
+def command_actor() -> str:
+    """Who paused or resumed from the shell: ``command (alice)``, the OS user running it;
+    just ``command`` where none can be told (no login name, no passwd entry)."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError, ImportError):  # which one depends on the Python version
+        return "command"
+    user = user.strip()
+    if not user or len(user) > MAX_OS_USER or not user.isprintable():
+        return "command"
+    return f"command ({user})"
 
 
 def ask(question: str, *, who: str, stream: OutputWrapper | None = None) -> None:

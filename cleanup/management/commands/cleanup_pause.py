@@ -1,23 +1,5 @@
-import getpass
-
 from cleanup.engine import holds, operations
-from cleanup.management.base import CleanupCommand
-
-# Room for the name in the hold's actor column (150), beside "command ()".
-MAX_OS_USER = 100
-
-
-def command_actor() -> str:
-    """Who paused or resumed from the shell: ``command (alice)``, the OS user running it;
-    just ``command`` where none can be told (no login name, no passwd entry)."""
-    try:
-        user = getpass.getuser()
-    except (OSError, KeyError, ImportError):  # which one depends on the Python version
-        return "command"
-    user = user.strip()
-    if not user or len(user) > MAX_OS_USER or not user.isprintable():
-        return "command"
-    return f"command ({user})"
+from cleanup.management.base import CleanupCommand, command_actor
 
 
 class Command(CleanupCommand):

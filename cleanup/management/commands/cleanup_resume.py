@@ -1,6 +1,5 @@
 from cleanup.engine import holds, operations
-from cleanup.management.base import CleanupCommand, count
-from cleanup.management.commands.cleanup_pause import command_actor
+from cleanup.management.base import CleanupCommand, command_actor, count
 
 
 class Command(CleanupCommand):
