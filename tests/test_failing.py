@@ -163,3 +163,12 @@ def test_a_table_locked_past_the_retries_holds_the_policy_for_its_lock_timeout(
         "failing", "OperationalError: canceling statement due to lock timeout")
     assert run.state == Run.State.RUNNING and run.chunks_planned == 7
     assert Lease.objects.count() == 40
+
+
+def test_weighing_a_dead_letter_takes_two_statements(backlog, django_assert_num_queries):
+    from cleanup.engine import failing
+
+    run = dispatch(POLICY).run
+    # The run's policy, its failing hold and its last resume in one; its last chunks.
+    with django_assert_num_queries(2):
+        assert failing.weigh(run.pk) is None

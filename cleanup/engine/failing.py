@@ -18,7 +18,7 @@ from collections import Counter
 
 import structlog
 from django.db import IntegrityError, transaction
-from django.db.models import Max
+from django.db.models import Exists, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 
 from cleanup.conf import conf
@@ -33,14 +33,18 @@ def weigh(run_id) -> Hold | None:
     """After one of the run's chunks was dead-lettered, in the same transaction: hold
     the run's policy if more than half of the run's last chunks were; return the hold
     opened (None: it goes on, or it was held for failing already)."""
-    run = Run.objects.only("policy").get(pk=run_id)
-    if Hold.objects.filter(policy=run.policy, reason=Hold.FAILING,
-                           ended_at__isnull=True).exists():
+    # The run's policy, whether it is held for failing now, and when it was last
+    # resumed from that: one statement (a dead letter's transaction stays short).
+    failing = Hold.objects.filter(policy=OuterRef("policy"), reason=Hold.FAILING)
+    run = Run.objects.filter(pk=run_id).values("policy").annotate(
+        held=Exists(failing.filter(ended_at__isnull=True)),
+        resumed=Subquery(failing.filter(ended_at__isnull=False).order_by("-ended_at")
+                         .values("ended_at")[:1]),
+    ).get()
+    if run["held"]:
         return None
-    weighed = conf.FAILING_CHUNKS
+    policy, resumed, weighed = run["policy"], run["resumed"], conf.FAILING_CHUNKS
     chunks = Chunk.objects.filter(run_id=run_id, state__in=ENDED)
-    resumed = Hold.objects.filter(policy=run.policy, reason=Hold.FAILING).aggregate(
-        at=Max("ended_at"))["at"]
     last = list(chunks.alias(ended_at=Coalesce("dead_lettered_at", "committed_at"))
                 .filter(**({"ended_at__gt": resumed} if resumed else {}))
                 .order_by("-ended_at").values_list("state", "cause")[:weighed])
@@ -52,11 +56,11 @@ def weigh(run_id) -> Hold | None:
               f"dead-lettered, {alike} of them for: {cause or 'no cause recorded'}")
     try:
         with transaction.atomic():
-            hold = Hold.objects.create(policy=run.policy, reason=Hold.FAILING,
+            hold = Hold.objects.create(policy=policy, reason=Hold.FAILING,
                                        detail=detail, cause=cause, value=len(causes),
                                        limit=weighed / 2, actor="engine")
     except IntegrityError:
         return None  # a chunk of another of its runs held it a moment ago
-    log.error("policy failing: held until resumed", policy=run.policy, run_id=str(run_id),
+    log.error("policy failing: held until resumed", policy=policy, run_id=str(run_id),
               dead_lettered=len(causes), weighed=len(last), cause=cause)
     return hold
