@@ -13,7 +13,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from cleanup.engine import operations
+from cleanup.engine import failing, operations
 from cleanup.engine.dispatch import dispatch
 from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk, Hold, Run
@@ -166,8 +166,6 @@ def test_a_table_locked_past_the_retries_holds_the_policy_for_its_lock_timeout(
 
 
 def test_weighing_a_dead_letter_takes_two_statements(backlog, django_assert_num_queries):
-    from cleanup.engine import failing
-
     run = dispatch(POLICY).run
     # The run's policy, its failing hold and its last resume in one; its last chunks.
     with django_assert_num_queries(2):
