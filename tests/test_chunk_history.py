@@ -225,3 +225,17 @@ def test_a_runs_rate_counts_the_time_it_worked_not_the_time_it_was_stuck(
     page = admin_client.get(reverse("admin:cleanup_run_change", args=[run.pk]))
     assert "1,000 rows/s" in page.content.decode()
     assert "over 4.0 s of work" in page.content.decode()
+
+
+def test_chunks_retrying_with_no_recorded_delivery_still_say_why(settings, chunk_size,
+                                                                 expired_leases, admin_client):
+    chunk_size("expire-leases", 1)
+    settings.CLEANUP_WINDOW = 2
+    run = dispatch("expire-leases").run
+    # Retried before deliveries were recorded (an upgrade): no history to date them by.
+    run.chunks.update(state=Chunk.State.RETRYING, cause=LOCK_TIMEOUT, history=[])
+
+    assert f"window full: 2 of 2 chunks in flight retrying on {LOCK_TIMEOUT}" in \
+        waits.why_it_waits(run)
+    page = admin_client.get(reverse("admin:cleanup_run_change", args=[run.pk]))
+    assert page.status_code == 200

@@ -18,7 +18,12 @@ from cleanup.exceptions import CleanupError
 from cleanup.observability import blockers
 from cleanup.observability import health as health_report
 from cleanup.observability.live import live_view
-from cleanup.observability.overview import banner, gone_policies, overview
+from cleanup.observability.overview import (
+    BACKLOG_BUDGET_MS,
+    banner,
+    gone_policies,
+    overview,
+)
 from cleanup.policies import all_policies
 
 OVERVIEW_REFRESH_SECONDS = 5
@@ -62,6 +67,7 @@ class CleanupOverviewAdmin(LedgerAdmin):
             "refresh_seconds": OVERVIEW_REFRESH_SECONDS,
             "can_pause": self.has_pause_permission(request),
             "live": live_view(now),
+            "backlog_budget_ms": BACKLOG_BUDGET_MS,
         }
         return TemplateResponse(request, "admin/cleanup/cleanupoverview/overview.html",
                                 context)

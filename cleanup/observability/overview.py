@@ -26,6 +26,7 @@ from cleanup.conf import conf, lease
 from cleanup.engine import holds
 from cleanup.expressions import Clamped
 from cleanup.models import Chunk, Hold, Run
+from cleanup.observability.backlog import Budget
 from cleanup.policies import Policy, all_policies
 from cleanup.scheduling import triggers
 from cleanup.scheduling.schedules import NAME_PREFIX
@@ -44,6 +45,9 @@ class ScheduleStatus:
 
 
 UNSCHEDULED_BACKLOG_LIMIT = timedelta(days=1)
+# How long the overview, cleanup_policies and /health may take to read one policy's
+# backlog (an exact count): past it, the backlog is unknown.
+BACKLOG_BUDGET_MS = 1000
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,7 @@ class Alert:
 @dataclass(frozen=True)
 class PolicyOverview:
     policy: str
-    eligible_rows: int
+    eligible_rows: int | None  # None: not read within BACKLOG_BUDGET_MS (unknown)
     oldest_eligible_since: datetime | None
     unfinished_chunks: int
     oldest_unfinished_since: datetime | None
@@ -119,6 +123,11 @@ class PolicyOverview:
                 f"{self.eligible_rows:,} rows eligible, the oldest for "
                 f"{display.duration(self.oldest_eligible_age.total_seconds())} (limit "
                 f"{display.duration(self.backlog_age_limit.total_seconds())})"))
+        if self.eligible_rows is None:
+            found.append(Alert(
+                self.policy, "backlog-unknown", "Backlog unknown",
+                f"its eligible rows could not be counted within {BACKLOG_BUDGET_MS:,} ms: "
+                "its table may be locked by another session", level="warning"))
         for hold in self.held:
             found.append(Alert(self.policy, "held", "Held", f"{hold}; nothing new is "
                                "planned until it is resumed", level="warning"))
@@ -191,13 +200,23 @@ def overview(now: datetime | None = None) -> list[PolicyOverview]:
 
 
 def policy_overview(policy: Policy, now: datetime, *, exact: bool = True) -> PolicyOverview:
-    """One policy's health; ``exact=False`` estimates the backlog's size from the planner."""
+    """One policy's health; ``exact=False`` estimates the backlog's size from the planner.
+
+    The backlog is read within ``BACKLOG_BUDGET_MS``: a learners' table locked by
+    another session (a migration's ACCESS EXCLUSIVE lock) would otherwise hang the
+    overview, the page an operator opens to see why work waits. Past the budget the
+    backlog is unknown (None), never 0.
+    """
     rows = policy.eligible_rows(policy.freeze(now))
     if exact:
-        eligible = rows.aggregate(rows=Count("pk"), oldest=Min(Clamped(policy.observed_field)))
+        eligible = Budget(BACKLOG_BUDGET_MS).read(lambda: rows.aggregate(
+            rows=Count("pk"), oldest=Min(Clamped(policy.observed_field))))
     else:
-        eligible = rows.aggregate(oldest=Min(Clamped(policy.observed_field)))
-        eligible["rows"] = planner_estimate(rows) if eligible["oldest"] else 0
+        eligible = Budget(BACKLOG_BUDGET_MS).read(lambda: rows.aggregate(
+            oldest=Min(Clamped(policy.observed_field))))
+        if eligible is not None:
+            eligible["rows"] = planner_estimate(rows) if eligible["oldest"] else 0
+    eligible = eligible or {"rows": None, "oldest": None}
     unfinished = Q(state__in=Chunk.UNFINISHED)
     chunks = (
         Chunk.objects.filter(run__policy=policy.name)

@@ -179,7 +179,8 @@ def _in_progress(chunk: Chunk, now: datetime) -> Delivery | None:
 
 def _retrying(run: Run, retrying: list[Chunk], unfinished: int) -> str:
     cause, _ = Counter(chunk.cause or "an unknown error" for chunk in retrying).most_common(1)[0]
-    since = min((_streak_began(chunk) for chunk in retrying), default=None)
+    since = min((began for chunk in retrying if (began := _streak_began(chunk))),
+                default=None)  # chunks retried before deliveries were recorded have none
     full = "window full: " if unfinished >= run.window and not run.planned_all else ""
     counted = f"{len(retrying)} of {unfinished} chunks in flight" if full else (
         f"{len(retrying)} chunk{'s' if len(retrying) != 1 else ''}")

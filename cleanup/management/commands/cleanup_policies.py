@@ -2,6 +2,7 @@ from datetime import datetime
 
 from cleanup.display import ago, duration, number, utc_text
 from cleanup.management.base import CleanupCommand, count, gone_policy_lines
+from cleanup.observability.overview import BACKLOG_BUDGET_MS
 from cleanup.observability.status import gone_policy_holds, policy_rows
 
 
@@ -30,7 +31,10 @@ class Command(CleanupCommand):
                 lines.append(f"  last run  {last['run_id']} {last['state']}, dispatched "
                              f"{utc_text(created)} UTC ({ago(created)})")
             backlog = policy["backlog"]
-            if backlog["eligible_rows"]:
+            if backlog["eligible_rows"] is None:
+                lines.append("  backlog   unknown: not counted within "
+                             f"{number(BACKLOG_BUDGET_MS)} ms (is its table locked?)")
+            elif backlog["eligible_rows"]:
                 lines.append(f"  backlog   {count(backlog['eligible_rows'], 'row')} eligible, "
                              f"the oldest waiting {duration(backlog['oldest_age_seconds'] or 0)}")
             else:
