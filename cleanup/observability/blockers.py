@@ -234,18 +234,20 @@ _TABLE_LOCKS = """
     ORDER BY lock.granted DESC, lock.pid
 """
 # The open transaction whose id a row's xmax holds: each holds an exclusive lock on its
-# own id (a subtransaction's too) until it ends.
-_OPEN = ("lock.locktype = 'transactionid' AND lock.mode = 'ExclusiveLock' "
-         "AND lock.granted AND lock.transactionid::text = {}")
+# own id (a subtransaction's too) until it ends; each query below matches on that.
 # The session working on each chunk (the holder of its ledger row) and whom it waits for.
 _WORKING = f"""
     SELECT chunk.id, lock.pid, pg_blocking_pids(lock.pid)
-    FROM "{Chunk._meta.db_table}" chunk JOIN pg_locks lock ON {_OPEN.format("chunk.xmax::text")}
+    FROM "{Chunk._meta.db_table}" chunk JOIN pg_locks lock ON
+        lock.locktype = 'transactionid' AND lock.mode = 'ExclusiveLock'
+        AND lock.granted AND lock.transactionid::text = chunk.xmax::text
     WHERE chunk.id = ANY(%s) AND chunk.xmax::text <> '0'
 """
-_ROW_LOCKERS = f"""
+_ROW_LOCKERS = """
     SELECT locked.xmax, lock.pid
-    FROM unnest(%s::text[]) AS locked(xmax) JOIN pg_locks lock ON {_OPEN.format("locked.xmax")}
+    FROM unnest(%s::text[]) AS locked(xmax) JOIN pg_locks lock ON
+        lock.locktype = 'transactionid' AND lock.mode = 'ExclusiveLock'
+        AND lock.granted AND lock.transactionid::text = locked.xmax
 """
 # The multixacts that may exist now (their ids below the database's oldest were
 # truncated, those past the next are not created yet).
@@ -255,14 +257,16 @@ _MULTIXACTS = """
 """
 # A multixact's open members; one that holds no lock on the policy's table is a
 # transaction id that only looked like a multixact's, and is left out.
-_SHARED_LOCKERS = f"""
+_SHARED_LOCKERS = """
     WITH member AS (
         SELECT locked.xmax, member.xid::text AS xid, member.mode
         FROM unnest(%s::text[]) AS locked(xmax),
              pg_get_multixact_members(locked.xmax::xid) AS member
     )
     SELECT member.xmax, lock.pid, member.mode
-    FROM member JOIN pg_locks lock ON {_OPEN.format("member.xid")}
+    FROM member JOIN pg_locks lock ON
+        lock.locktype = 'transactionid' AND lock.mode = 'ExclusiveLock'
+        AND lock.granted AND lock.transactionid::text = member.xid
     WHERE EXISTS (SELECT FROM pg_locks held WHERE held.pid = lock.pid AND held.granted
                   AND held.locktype = 'relation' AND held.relation = to_regclass(%s))
 """
