@@ -133,7 +133,9 @@ class PolicyOverview:
                                "planned until it is resumed", level="warning"))
         if self.dead_letters:
             found.append(Alert(self.policy, "dead-letters", "Dead letters waiting",
-                               f"{self.dead_letters:,} chunks need a person: requeue "
+                               f"{self.dead_letters:,} "
+                               f"{'chunk needs' if self.dead_letters == 1 else 'chunks need'}"
+                               " a person: requeue "
                                "after a fix, or discard with a reason", level="warning"))
         return found
 
