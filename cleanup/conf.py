@@ -196,6 +196,23 @@ class Settings:
         """Ceiling of a learned range chunk size."""
         return self._read("MAX_RANGE_ROWS_PER_CHUNK", 100_000)
 
+    @property
+    def EVENT_MAX_ATTEMPTS(self) -> int:
+        """Failed handler calls of an outbox event before it is dead-lettered with its
+        cause (cleanup.outbox); a dead event no longer holds back its ordering key."""
+        return self._read("EVENT_MAX_ATTEMPTS", 10)
+
+    @property
+    def EVENT_BACKOFF_SECONDS(self) -> float:
+        """Wait before an outbox event's second attempt, doubled after each failure up
+        to EVENT_BACKOFF_MAX_SECONDS; its ordering key waits behind it meanwhile."""
+        return self._read("EVENT_BACKOFF_SECONDS", 5)
+
+    @property
+    def EVENT_BACKOFF_MAX_SECONDS(self) -> float:
+        """The longest wait between two attempts of an outbox event."""
+        return self._read("EVENT_BACKOFF_MAX_SECONDS", 600)
+
 
 conf = Settings()
 # Read-only: the defaults live in the properties above.

@@ -25,6 +25,8 @@ DAY = 86_400
 MAX_PRESSURE_CHECK_SECONDS = 300
 MAX_BACKOFF = 60
 MAX_CHUNK_BUDGET_MS = 60_000
+# Attempts of an outbox event: past a thousand a handler is not failing, it is broken.
+MAX_EVENT_ATTEMPTS = 1_000
 
 
 def whole(value: Any) -> bool:
@@ -194,4 +196,20 @@ SETTING_RULES = (
          "Set the CIDR networks allowed to scrape /metrics, e.g. ['10.0.0.0/8'], or [] for "
          "none. Until then no network may scrape (a token still works).",
          network_list),
+    Rule("EVENT_MAX_ATTEMPTS", "cleanup.E032",
+         f"a whole number of attempts from 1 to {MAX_EVENT_ATTEMPTS}",
+         "Set how many failed handler calls an outbox event may have before it is "
+         "dead-lettered; its ordering key waits behind it until then.",
+         lambda value: whole(value) and 1 <= value <= MAX_EVENT_ATTEMPTS),
+    *(
+        Rule(name, id_, f"a number of seconds above 0, at most {DAY}",
+             f"Set {what}; at 0 a failing handler would be called again at once, in a loop.",
+             lambda value: number(value) and 0 < value <= DAY)
+        for name, id_, what in (
+            ("EVENT_BACKOFF_SECONDS", "cleanup.E033",
+             "the wait before an outbox event's second attempt (doubled after each failure)"),
+            ("EVENT_BACKOFF_MAX_SECONDS", "cleanup.E034",
+             "the longest wait between two attempts of an outbox event"),
+        )
+    ),
 )

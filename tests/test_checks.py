@@ -52,6 +52,9 @@ CHECKED_BY = {
     "NODE_NAME": "cleanup.E029",
     "ROW_LOCK_WAIT_MS": "cleanup.E030",
     "FAILING_CHUNKS": "cleanup.E031",
+    "EVENT_MAX_ATTEMPTS": "cleanup.E032",
+    "EVENT_BACKOFF_SECONDS": "cleanup.E033",
+    "EVENT_BACKOFF_MAX_SECONDS": "cleanup.E034",
 }
 
 

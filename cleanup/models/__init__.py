@@ -14,9 +14,10 @@ from cleanup.models.ledger import (
     Slot,
     rows_changed,
 )
+from cleanup.models.outbox import Event
 
 __all__ = [
-    "ROWS_CHANGED", "Chunk", "CleanupOverview", "Hold", "Lease", "LedgerTotal",
+    "ROWS_CHANGED", "Chunk", "CleanupOverview", "Event", "Hold", "Lease", "LedgerTotal",
     "MessageField", "OrphanMessage", "Run", "ScheduleInstall", "Slot", "WorkerHeartbeat",
     "rows_changed",
 ]

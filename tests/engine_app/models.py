@@ -64,3 +64,16 @@ class LeaseLog(models.Model):
 
     def __str__(self) -> str:
         return f"log {self.pk} of lease {self.lease_id}"
+
+
+class EventEffect(models.Model):
+    """What an outbox handler wrote: one row per event, its key unique, so a second
+    delivery of one event fails instead of counting twice (tests/test_outbox*.py)."""
+
+    event_key = models.CharField(max_length=255, unique=True)
+    event_id = models.BigIntegerField()
+    ordering_key = models.CharField(max_length=255, blank=True)
+    publisher = models.CharField(max_length=100, blank=True)
+
+    def __str__(self) -> str:
+        return f"effect of event {self.event_id}"

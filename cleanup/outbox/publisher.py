@@ -1,0 +1,184 @@
+"""Deliver pending events once each, in order per ordering key: take one with SKIP
+LOCKED, call its handler and mark it delivered in one transaction.
+
+A crash anywhere leaves both the handler's writes and "delivered" undone (the event is
+taken again) or both done. Several publishers at once never take one event twice: the
+row lock and the guarded UPDATE see to it, and an event's ordering key is blocked for
+others while it is pending, whoever holds it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+
+from django.db import connections, router, transaction
+from django.db.models.functions import Now
+
+from cleanup.conf import conf
+from cleanup.exceptions import CleanupError, cause_of, traceback_of
+from cleanup.models import Event
+from cleanup.outbox.handlers import handler_for
+
+logger = logging.getLogger(__name__)
+
+DELIVERED, FAILED, DEAD = "delivered", "failed", "dead"
+PENDING = Event.State.PENDING
+
+# The head of every ordering key (the pending event with the lowest id of its key),
+# found by a skip scan of event_pending_by_key: one index probe per key, however many
+# events wait behind a head. Heads not yet available (in back-off) hold their key back;
+# the unordered events ('') are each their own head, the soonest available first.
+CANDIDATES = """
+WITH RECURSIVE heads(ordering_key, id) AS (
+    (SELECT ordering_key, id FROM cleanup_event
+     WHERE state = 'pending' AND ordering_key > ''
+     ORDER BY ordering_key, id LIMIT 1)
+    UNION ALL
+    SELECT later.ordering_key, later.id
+    FROM heads, LATERAL (
+        SELECT ordering_key, id FROM cleanup_event
+        WHERE state = 'pending' AND ordering_key > heads.ordering_key
+        ORDER BY ordering_key, id LIMIT 1
+    ) AS later
+)
+SELECT id FROM (
+    SELECT event.id FROM heads JOIN cleanup_event AS event ON event.id = heads.id
+    WHERE event.available_at <= %(horizon)s
+    UNION ALL
+    (SELECT id FROM cleanup_event
+     WHERE state = 'pending' AND ordering_key = '' AND available_at <= %(horizon)s
+     ORDER BY available_at, id LIMIT %(limit)s)
+) AS candidates
+ORDER BY id LIMIT %(limit)s
+"""
+
+# One event, locked: still pending and due, and no earlier event of its ordering key is
+# pending (whoever holds it: a publisher's uncommitted event is still pending to others).
+TAKE = """
+SELECT * FROM cleanup_event AS event
+WHERE event.id = ANY(%s) AND event.state = 'pending' AND event.available_at <= %s
+  AND (event.ordering_key = '' OR NOT EXISTS (
+      SELECT 1 FROM cleanup_event AS earlier
+      WHERE earlier.ordering_key = event.ordering_key AND earlier.state = 'pending'
+        AND earlier.id < event.id))
+ORDER BY event.id
+LIMIT 1
+FOR UPDATE SKIP LOCKED
+"""
+
+
+@dataclass
+class PublishResult:
+    delivered: int = 0
+    failed: int = 0  # the handler raised; taken again after its back-off
+    dead: int = 0  # dead-lettered now: attempts used up, or no handler for its name
+    skipped_busy: int = 0  # held by another publisher (or taken by it meanwhile)
+
+    @property
+    def handled(self) -> int:
+        return self.delivered + self.failed + self.dead
+
+    def as_dict(self) -> dict[str, int]:
+        return {**asdict(self), "handled": self.handled}
+
+
+def publish(batch: int = 100, *, now: datetime | None = None) -> PublishResult:
+    """Deliver up to ``batch`` events available at ``now`` (the database's clock when
+    None), each in its own transaction; stop early when none is left to take."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise CleanupError(f"batch must be a whole number of at least 1, not {batch!r}")
+    horizon = now or database_now()
+    result = PublishResult()
+    handled: set[int] = set()
+    skipped: set[int] = set()
+    while result.handled < batch:
+        candidates = eligible(horizon, limit=batch - result.handled)
+        took = False
+        while candidates and result.handled < batch:
+            taken = _publish_one(candidates, horizon, now)
+            if taken is None:
+                skipped.update(candidates)
+                break
+            pk, outcome = taken
+            position = candidates.index(pk)
+            skipped.update(candidates[:position])
+            candidates = candidates[position + 1:]
+            handled.add(pk)
+            setattr(result, outcome, getattr(result, outcome) + 1)
+            took = True
+        if not took:
+            break
+    result.skipped_busy = len(skipped - handled)
+    return result
+
+
+def eligible(horizon: datetime, *, limit: int) -> list[int]:
+    """Ids of the events a publisher may take now, oldest first (read without locks)."""
+    with connections[router.db_for_write(Event)].cursor() as cursor:
+        cursor.execute(CANDIDATES, {"horizon": horizon, "limit": limit})
+        return [pk for (pk,) in cursor.fetchall()]
+
+
+def take(candidates: list[int], horizon: datetime) -> Event | None:
+    """Lock the first of ``candidates`` still pending, available and first of its
+    ordering key; skip those another publisher holds. Call inside a transaction."""
+    return next(iter(Event.objects.raw(TAKE, [candidates, horizon])), None)
+
+
+def backoff(attempts: int) -> timedelta:
+    """The wait after the ``attempts``-th failure: the base, doubled each time, capped."""
+    exponent = min(max(attempts - 1, 0), 62)
+    seconds = min(conf.EVENT_BACKOFF_MAX_SECONDS, conf.EVENT_BACKOFF_SECONDS * 2 ** exponent)
+    return timedelta(seconds=seconds)
+
+
+def database_now() -> datetime:
+    with connections[router.db_for_write(Event)].cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def _publish_one(candidates: list[int], horizon: datetime,
+                 now: datetime | None) -> tuple[int, str] | None:
+    with transaction.atomic():
+        event = take(candidates, horizon)
+        if event is None:
+            return None
+        return event.pk, _handle(event, now)
+
+
+def _handle(event: Event, now: datetime | None) -> str:
+    """Call the event's handler in a savepoint, then record how it went, all in the
+    transaction that holds the event's row lock."""
+    handler = handler_for(event.name)
+    if handler is None:
+        reason = f"no handler registered for {event.name}"
+        return _record_failure(event, reason, reason, now, dead=True)
+    try:
+        with transaction.atomic():
+            handler(event)
+    except Exception as exc:  # noqa: BLE001 - any error of a host's handler is its failure
+        error = traceback_of(exc)
+        return _record_failure(event, cause_of(error), error, now)
+    marked = (Event.objects.filter(pk=event.pk, state=PENDING)
+              .update(state=Event.State.DELIVERED, delivered_at=Now()))
+    if marked != 1:  # cannot happen under the row lock; never commit the effects alone
+        raise CleanupError(f"event {event.pk} was no longer pending when delivered")
+    return DELIVERED
+
+
+def _record_failure(event: Event, cause: str, error: str, now: datetime | None, *,
+                    dead: bool = False) -> str:
+    attempts = event.attempts + 1
+    dead = dead or attempts >= conf.EVENT_MAX_ATTEMPTS
+    changes = {"attempts": attempts, "cause": cause, "last_error": error}
+    if dead:
+        changes["state"] = Event.State.DEAD
+        logger.warning("event %s %s %s dead-lettered after %s attempt(s): %s",
+                       event.pk, event.name, event.key, attempts, cause)
+    else:
+        changes["available_at"] = (now or database_now()) + backoff(attempts)
+    Event.objects.filter(pk=event.pk, state=PENDING, attempts=event.attempts).update(**changes)
+    return DEAD if dead else FAILED
