@@ -30,3 +30,9 @@ def record_effect_sometimes_slowly(event: Event) -> None:
     if event.pk % 97 == 0:
         time.sleep(0.2)
     record_effect(event)
+
+
+def record_effect_then_freeze(event: Event) -> None:
+    """Write the effect, then the process freezes (SIGSTOP) holding the event's lock."""
+    record_effect(event)
+    os.kill(os.getpid(), signal.SIGSTOP)

@@ -30,7 +30,7 @@ from cleanup.outbox import (
     requeue,
 )
 from cleanup.outbox.publisher import CANDIDATES, backoff
-from tests.conftest import ROOT, subprocess_env
+from tests.conftest import ROOT, subprocess_env, wait_for
 from tests.engine_app.models import EventEffect
 from tests.outbox_handlers import record_effect
 
@@ -208,6 +208,38 @@ def test_a_publisher_killed_mid_handler_leaves_neither_and_the_event_is_taken_ag
     with registered(**{"seat.freed": record_effect}):
         assert publish().delivered == 1
     assert EventEffect.objects.get().event_id == event.pk
+
+
+FROZEN_PUBLISHER = KILLED_PUBLISHER.replace("record_effect_then_die",
+                                            "record_effect_then_freeze")
+
+
+@pytest.mark.django_db(transaction=True)  # the subprocess must see the committed event
+def test_a_publisher_frozen_mid_handler_loses_its_session_and_the_event_is_taken_again():
+    event = emitted(ordering_key="section:1")
+    frozen = subprocess.Popen(
+        [sys.executable, "-c", FROZEN_PUBLISHER], cwd=ROOT,
+        env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: _stopped(frozen.pid), timeout=30, what="the publisher to freeze")
+        # The frozen process holds the event's row until its session is ended for it,
+        # CLEANUP_IDLE_IN_TRANSACTION_TIMEOUT_MS (5 s) after its handler's write.
+        with registered(**{"seat.freed": record_effect}):
+            wait_for(lambda: publish().delivered == 1, timeout=30,
+                     what="the event to be taken again")
+    finally:
+        frozen.kill()
+        frozen.wait()
+    event.refresh_from_db()
+    assert event.state == "delivered"
+    assert list(EventEffect.objects.values_list("event_id", "publisher")) == [
+        (event.pk, "test")]  # the frozen one's write rolled back with its session
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
 # publish: failures, back-off, dead letters

@@ -140,9 +140,20 @@ def database_now() -> datetime:
         return cursor.fetchone()[0]
 
 
+# What bounds a publisher's transaction, set for it alone (a pooled server connection
+# keeps none of it): a publisher that freezes holding an event (and so its ordering
+# key) loses its session after the idle bound, its handler's writes roll back and the
+# event is taken again; a statement that hangs is cancelled.
+_BOUNDS = ("SELECT set_config('statement_timeout', %s, true), "
+           "set_config('idle_in_transaction_session_timeout', %s, true)")
+
+
 def _publish_one(candidates: list[int], horizon: datetime,
                  now: datetime | None) -> tuple[int, str] | None:
     with transaction.atomic():
+        with connections[router.db_for_write(Event)].cursor() as cursor:
+            cursor.execute(_BOUNDS, [f"{conf.STATEMENT_TIMEOUT_MS}ms",
+                                     f"{conf.IDLE_IN_TRANSACTION_TIMEOUT_MS}ms"])
         event = take(candidates, horizon)
         if event is None:
             return None
