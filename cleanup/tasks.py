@@ -7,6 +7,7 @@ from datetime import datetime
 from cleanup.engine import reconcile, window
 from cleanup.engine.worker import apply_chunk as apply_chunk_message
 from cleanup.observability import counters, health
+from cleanup.outbox import tasks as outbox_tasks
 from cleanup.scheduling.schedules import dispatch_slot
 
 
@@ -34,6 +35,11 @@ def recheck_pressure(policy: str) -> int:
 def fold_counters() -> int:
     """Fold the chunks of runs finished a while ago into the counters' totals."""
     return counters.fold()
+
+
+def publish_events() -> dict[str, int]:
+    """Deliver the outbox's pending events that are due (at most a batch of them)."""
+    return outbox_tasks.publish_events()
 
 
 def heartbeat() -> int:

@@ -172,7 +172,7 @@ def test_schedule_command_twice_changes_nothing(db):
         "cleanup:purge-cleanup-slots", "cleanup:purge-reminder-attempts",
         "cleanup:purge-task-results",
         "cleanup:send-reminders", "cleanup:reconcile", "cleanup:heartbeat",
-        "cleanup:fold-counters",
+        "cleanup:fold-counters", "cleanup:publish-events",
     ]
     assert second["unchanged"] == first["created"]
     assert second["created"] == second["updated"] == second["removed"] == []

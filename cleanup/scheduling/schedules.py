@@ -25,6 +25,7 @@ ENGINE_SCHEDULES = {
     "reconcile": "cleanup.tasks.reconcile_chunks",
     "heartbeat": "cleanup.tasks.heartbeat",
     "fold-counters": "cleanup.tasks.fold_counters",
+    "publish-events": "cleanup.tasks.publish_events",
 }
 # The host project's own periodic tasks, kept the same way (register_task).
 _tasks: dict[str, tuple[str, str]] = {}
