@@ -4,6 +4,9 @@ window); an indicator that fails holds; lock waits shrink the next chunks."""
 
 from __future__ import annotations
 
+import uuid
+from types import SimpleNamespace
+
 import pytest
 from django.db import connection, transaction
 from django_q.models import OrmQ
@@ -158,11 +161,16 @@ def test_lock_waits_make_the_next_chunks_learn_against_a_quarter_of_the_budget(
 # chunk's own is in a worker.
 @pytest.mark.django_db(transaction=True)
 def test_a_chunk_transaction_names_itself_for_the_lock_waits_indicator():
+    chunk = SimpleNamespace(run_id=uuid.UUID(int=7), chunk_id=3)
     with transaction.atomic():
-        bound_transaction(chunk_session=True)
+        bound_transaction(chunk)
         with connection.cursor() as cursor:
             cursor.execute("SHOW application_name")
             assert cursor.fetchone()[0] == pressure.CHUNK_APPLICATION_NAME
+            # ... and for the outbox's triggers, which record where an event came from.
+            cursor.execute("SELECT current_setting('cleanup.source'), "
+                           "current_setting('cleanup.chunk_id')")
+            assert cursor.fetchone() == (f"run {chunk.run_id} chunk 3", "3")
     with connection.cursor() as cursor:
         cursor.execute("SHOW application_name")
         assert cursor.fetchone()[0] != pressure.CHUNK_APPLICATION_NAME

@@ -152,7 +152,7 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int,
            delivery: int, *, leased: bool = False, skip_locked: bool = False) -> Outcome:
     started, waited = time.monotonic(), cpu_wait.waited()
     with _chunk_transaction():
-        bound_transaction(chunk_session=True)
+        bound_transaction(chunk)
         if leased and not sync_lease.renew(chunk.run_id):
             raise LeaseLost(f"run {chunk.run_id} was taken over by the workers")
         faults.reach(faults.BEFORE_CHUNK_LOCK)
@@ -371,20 +371,24 @@ def _dead_letter_message(raw, exc: Exception) -> Outcome:
 _BOUNDS = ("SELECT set_config('lock_timeout', %s, true), "
            "set_config('statement_timeout', %s, true), "
            "set_config('idle_in_transaction_session_timeout', %s, true)")
-# ... and its name: the lock-waits indicator (cleanup.engine.pressure) tells the
-# sessions a chunk makes wait by it.
-_NAMED = f"{_BOUNDS}, set_config('application_name', %s, true)"
+# ... and its name, for the lock-waits indicator (cleanup.engine.pressure) and for the
+# events its rows cause (cleanup.outbox.triggers), which say which chunk wrote them.
+_NAMED = (f"{_BOUNDS}, set_config('application_name', %s, true), "
+          "set_config('cleanup.source', %s, true), set_config('cleanup.run_id', %s, true), "
+          "set_config('cleanup.chunk_id', %s, true)")
 
 
-def bound_transaction(*, chunk_session: bool = False) -> None:
+def bound_transaction(chunk: Chunk | None = None) -> None:
     """Bound how long the transaction may wait for a lock, run a statement and sit
     idle: a frozen or cut-off process loses its session, so its locks, after the last.
-    ``chunk_session``: name it as a chunk's, for the lock-waits indicator."""
+    ``chunk``: the transaction applies it, and is named for it."""
     bounds = [f"{conf.LOCK_TIMEOUT_MS}ms", f"{conf.STATEMENT_TIMEOUT_MS}ms",
               f"{conf.IDLE_IN_TRANSACTION_TIMEOUT_MS}ms"]
     with connection.cursor() as cursor:
-        if chunk_session:
-            cursor.execute(_NAMED, [*bounds, pressure.CHUNK_APPLICATION_NAME])
+        if chunk is not None:
+            cursor.execute(_NAMED, [*bounds, pressure.CHUNK_APPLICATION_NAME,
+                                    f"run {chunk.run_id} chunk {chunk.chunk_id}",
+                                    str(chunk.run_id), str(chunk.chunk_id)])
         else:
             cursor.execute(_BOUNDS, bounds)
 

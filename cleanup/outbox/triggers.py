@@ -1,0 +1,87 @@
+"""Events written by the database from a statement's own rows: a statement-level
+trigger that reads the transition table of a DELETE (or UPDATE) and inserts one event
+per row into the outbox, in the statement's transaction.
+
+A chunk stays one ORM statement with its whole predicate (invariant 2), and the events
+its rows cause commit with it or not at all; a chunk delivered twice deletes nothing
+the second time, so it writes no event twice, and the event's key would refuse a
+second one anyway (``ON CONFLICT DO NOTHING``). A host's own statement (a learner
+releasing a hold) fires the same trigger in the learner's transaction.
+
+Where an event came from is read from the transaction: a chunk's transaction names
+itself (``cleanup.source``, ``cleanup.run_id``, ``cleanup.chunk_id``, set locally in
+the statement that bounds it, cleanup.engine.worker); any other transaction is the
+host's. The host writes the trigger into a migration of its own with ``install_sql``
+and ``drop_sql``::
+
+    RunSQL(*events_on_delete("reservations_seathold", "seat.freed",
+                             key="'seathold:' || gone.id",
+                             ordering_key="'section:' || gone.section_id",
+                             payload="jsonb_build_object('hold_id', gone.id)",
+                             when="gone.status = 'held'"))
+
+Every expression is SQL over ``gone``, the statement's old rows (for an UPDATE, ``new``
+is there too). They are the host's own text, written in its migration, never input.
+"""
+
+from __future__ import annotations
+
+import re
+
+# The settings a chunk's transaction sets (cleanup.engine.worker.bound_transaction).
+SOURCE = "cleanup.source"
+RUN_ID = "cleanup.run_id"
+CHUNK_ID = "cleanup.chunk_id"
+
+_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
+
+
+def events_on_delete(table: str, event: str, *, key: str, payload: str,
+                     ordering_key: str = "''", when: str = "true",
+                     name: str | None = None) -> tuple[str, str]:
+    """The SQL that installs (and the SQL that drops) a trigger writing one ``event``
+    per row a DELETE on ``table`` removes (those for which ``when`` holds)."""
+    return _events(table, event, "DELETE", key=key, payload=payload,
+                   ordering_key=ordering_key, when=when, name=name,
+                   referencing="OLD TABLE AS gone_rows", rows="gone_rows AS gone")
+
+
+def events_on_update(table: str, event: str, *, key: str, payload: str,
+                     ordering_key: str = "''", when: str = "true",
+                     name: str | None = None, pk: str = "id") -> tuple[str, str]:
+    """The same for an UPDATE: ``gone`` is each row before it, ``new`` after it."""
+    return _events(table, event, "UPDATE", key=key, payload=payload,
+                   ordering_key=ordering_key, when=when, name=name,
+                   referencing="OLD TABLE AS gone_rows NEW TABLE AS new_rows",
+                   rows=f"gone_rows AS gone JOIN new_rows AS new USING ({pk})")
+
+
+def _events(table: str, event: str, operation: str, *, key: str, payload: str,
+            ordering_key: str, when: str, name: str | None, referencing: str,
+            rows: str) -> tuple[str, str]:
+    name = name or f"{table}_{operation.lower()}_events"
+    if not _NAME.match(table) or not _NAME.match(name):
+        raise ValueError(f"table and trigger names are lower-case identifiers: {table!r}, "
+                         f"{name!r}")
+    event_text = event.replace("'", "''")
+    install = f"""
+CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO cleanup_event (name, "key", ordering_key, payload, state, attempts,
+                               available_at, created_at, last_error, cause, reason,
+                               source, run_id, chunk_id)
+    SELECT '{event_text}', {key}, {ordering_key}, {payload}, 'pending', 0, now(), now(),
+           '', '', '', coalesce(nullif(current_setting('{SOURCE}', true), ''), 'host'),
+           nullif(current_setting('{RUN_ID}', true), '')::uuid,
+           nullif(current_setting('{CHUNK_ID}', true), '')::integer
+    FROM {rows}
+    WHERE {when}
+    ORDER BY 3, 2  -- one order for every statement: concurrent inserts never deadlock
+    ON CONFLICT (name, "key") DO NOTHING;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER {name} AFTER {operation} ON {table}
+    REFERENCING {referencing} FOR EACH STATEMENT EXECUTE FUNCTION {name}();
+"""
+    drop = f"DROP TRIGGER IF EXISTS {name} ON {table}; DROP FUNCTION IF EXISTS {name}();"
+    return install, drop
