@@ -250,3 +250,18 @@ def test_an_operator_reads_the_live_view_at_1366_px_and_sees_it_refresh(
         """() => document.querySelector('#live-view').innerText
                    .includes('2,400 in the hour')""", timeout=8_000)
     assert "No worker is applying a chunk now." in page.inner_text("#live-workers")
+
+
+@pytest.mark.django_db
+def test_a_history_edited_by_hand_is_left_out_not_an_error_on_the_overview(admin_client):
+    started = timezone.now() - timedelta(seconds=5)
+    [chunk] = chunks(a_run(), "enqueued", history=[
+        7, {"n": 2, "at": "not a time", "worker": None}, {"worker": WORKER},
+        delivery(started, n=3)])
+
+    view = live_view(timezone.now())
+    page = admin_client.get(OVERVIEW)
+
+    assert page.status_code == 200
+    assert [(d.chunk_pk, d.number, d.worker) for d in view.busy] == [
+        (chunk.pk, 3, "web-7:4242")]

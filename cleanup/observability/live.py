@@ -25,6 +25,7 @@ from django_q.conf import Conf
 from cleanup import display
 from cleanup.models import Chunk
 from cleanup.models.ledger import ROWS_CHANGED
+from cleanup.observability.waits import read_history
 from cleanup.policies import all_policies
 
 MINUTES = 60
@@ -220,21 +221,18 @@ def open_deliveries(now: datetime, busy_within: timedelta
             .order_by().values_list("pk", "chunk_id", "run_id", "run__policy", "state",
                                     "history"))
     for pk, chunk_id, run_id, policy, state, history in rows:
-        for entry in history:
-            if "outcome" in entry:
+        # Read as the chunk page reads it: an entry edited by hand into something else
+        # is left out, never an error on the overview.
+        for entry in read_history(history):
+            if entry.ended or entry.began_at is None:
                 continue
             delivery = Delivery(
-                worker=worker_name(entry.get("worker", "")), policy=policy, chunk_pk=pk,
-                chunk_id=chunk_id, chunk_state=state, run_id=run_id, number=entry.get("n", 0),
-                started_at=datetime.fromisoformat(entry["at"]), now=now)
+                worker=entry.worker or "unknown", policy=policy, chunk_pk=pk,
+                chunk_id=chunk_id, chunk_state=state, run_id=run_id, number=entry.number,
+                started_at=entry.began_at, now=now)
             (busy if delivery.age < busy_within else silent).append(delivery)
     by_start = attrgetter("started_at")
     return tuple(sorted(busy, key=by_start)), tuple(sorted(silent, key=by_start))
-
-
-def worker_name(owner: str) -> str:
-    """``host:pid`` of a history's ``host:pid:token``; ``unknown`` where none was kept."""
-    return owner.rsplit(":", 1)[0] if owner.count(":") >= 2 else owner or "unknown"
 
 
 def minutes(now: datetime) -> list[datetime]:

@@ -57,12 +57,17 @@ class Delivery:
 
 
 def deliveries(chunk: Chunk) -> list[Delivery]:
-    """A chunk's deliveries, newest first, as far as its history keeps them.
+    """A chunk's deliveries, newest first, as far as its history keeps them."""
+    return read_history(chunk.history)
 
-    The history is a JSON column an operator could have edited: an entry that is not
-    an object, or a field of the wrong kind, reads as unknown rather than failing.
+
+def read_history(history) -> list[Delivery]:
+    """The deliveries a ``Chunk.history`` value holds, newest first.
+
+    It is a JSON column an operator could have edited: an entry that is not an object,
+    or a field of the wrong kind, reads as unknown rather than failing.
     """
-    history = chunk.history if isinstance(chunk.history, list) else []
+    history = history if isinstance(history, list) else []
     found = [_delivery(entry) for entry in history if isinstance(entry, dict)]
     return sorted(found, key=lambda d: d.number, reverse=True)
 
