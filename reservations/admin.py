@@ -1,4 +1,5 @@
-"""Admin pages for tenants, sections, seat holds, their reminders and reminder attempts.
+"""Admin pages for tenants, sections, seat holds, their reminders and reminder attempts,
+and the waitlists: entries, what each freed seat produced, the offers' mails.
 
 Cells use the console's one format (cleanup.display) and its stylesheet, so these lists
 read like the cleanup ledger's and fit the same 1366 px laptop.
@@ -6,12 +7,24 @@ read like the cleanup ledger's and fit the same 1366 px laptop.
 
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin
 from django.utils import timezone
 from django.utils.html import format_html
 
 from cleanup import display
-from reservations.models import Reminder, ReminderAttempt, SeatHold, Section, Tenant
+from reservations.exceptions import ReservationError
+from reservations.models import (
+    FreedSeat,
+    OfferMail,
+    Reminder,
+    ReminderAttempt,
+    SeatHold,
+    Section,
+    Tenant,
+    WaitlistEntry,
+)
+from reservations.waitlist import join_waitlist
 
 # Badge state (its class in console.css) and label, by what the row is now.
 HOLD_BADGES = {
@@ -26,6 +39,18 @@ REMINDER_BADGES = {
     "sent": ("sent", "sent"),
     "cancelled": ("cancelled", "cancelled"),
     "failed": ("failed", "failed"),
+}
+WAITLIST_BADGES = {
+    "waiting": ("pending", "waiting"),
+    "offered": ("ready", "offered"),
+    "lapsed": ("expired", "offer lapsed"),
+    "confirmed": ("confirmed", "confirmed"),
+    "left": ("cancelled", "left"),
+}
+FREED_SEAT_BADGES = {
+    "offered": ("sent", "offered"),
+    "nobody_waiting": ("cancelled", "nobody waiting"),
+    "no_room": ("failed", "no room"),
 }
 # A Message-ID is one long word; the list shows its start, the whole on hover.
 MESSAGE_ID_PREVIEW = 28
@@ -213,3 +238,115 @@ class ReminderAttemptAdmin(ConsoleAdmin):
     @admin.display(description="message id", ordering="message_id")
     def message(self, attempt):
         return shortened(attempt.message_id, MESSAGE_ID_PREVIEW)
+
+
+class ReadOnlyAdmin(ConsoleAdmin):
+    """A ledger: rows written by the services alone."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class JoinWaitlistForm(forms.ModelForm):
+    """Adding an entry is joining the line, through the service: its refusals (a seat is
+    free, the learner holds one already) become the form's errors."""
+
+    class Meta:
+        model = WaitlistEntry
+        fields = ("section", "learner_ref")
+
+    def clean(self):
+        cleaned = super().clean()
+        if self.errors:
+            return cleaned
+        try:
+            # Inside the admin's transaction: a later error rolls the entry back too.
+            self.instance = join_waitlist(cleaned["section"].pk, cleaned["learner_ref"])
+        except ReservationError as refused:
+            raise forms.ValidationError(str(refused)) from None
+        return cleaned
+
+
+@admin.register(WaitlistEntry)
+class WaitlistEntryAdmin(ReadOnlyAdmin):
+    """Learners join here through the service; nothing is edited by hand: offers come
+    from freed seats, and an edit would skip the section's lock."""
+
+    form = JoinWaitlistForm
+    raw_id_fields = ("section",)
+    list_display = ("id", "section", "learner_ref_cell", "state_badge", "joined", "offered",
+                    "offer_hold_id")
+    list_filter = ("state", "section__tenant", "section")
+    list_select_related = ("section",)
+    search_fields = ("learner_ref", "=offer_hold_id")
+    date_hierarchy = "joined_at"
+
+    def has_add_permission(self, request):
+        return request.user.has_perm("reservations.add_waitlistentry")
+
+    def save_model(self, request, obj, form, change):
+        """Nothing to save: the form's join_waitlist wrote the entry."""
+
+    @admin.display(description="learner", ordering="learner_ref")
+    def learner_ref_cell(self, entry):
+        return learner(entry.learner_ref)
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, entry):
+        return state_badge(WAITLIST_BADGES, entry.state, "state")
+
+    @admin.display(description="joined", ordering="joined_at")
+    def joined(self, entry):
+        return display.moment_html(entry.joined_at, relative=True)
+
+    @admin.display(description="offered", ordering="offered_at")
+    def offered(self, entry):
+        return display.moment_html(entry.offered_at)
+
+
+@admin.register(FreedSeat)
+class FreedSeatAdmin(ReadOnlyAdmin):
+    list_display = ("id", "section", "hold_id", "outcome_badge", "entry_id", "event_key",
+                    "recorded")
+    list_filter = ("outcome", "section")
+    list_select_related = ("section",)
+    search_fields = ("=hold_id", "event_key")
+    date_hierarchy = "recorded_at"
+
+    @admin.display(description="outcome", ordering="outcome")
+    def outcome_badge(self, freed):
+        return state_badge(FREED_SEAT_BADGES, freed.outcome, "outcome")
+
+    @admin.display(description="recorded", ordering="recorded_at")
+    def recorded(self, freed):
+        return display.moment_html(freed.recorded_at, relative=True)
+
+
+@admin.register(OfferMail)
+class OfferMailAdmin(ReadOnlyAdmin):
+    list_display = ("id", "message", "learner_ref_cell", "section", "sent")
+    list_select_related = ("entry__section",)
+    search_fields = ("message_id", "entry__learner_ref")
+    date_hierarchy = "sent_at"
+
+    @admin.display(description="message id", ordering="message_id")
+    def message(self, mail):
+        return shortened(mail.message_id, MESSAGE_ID_PREVIEW)
+
+    @admin.display(description="learner", ordering="entry__learner_ref")
+    def learner_ref_cell(self, mail):
+        return learner(mail.entry.learner_ref)
+
+    @admin.display(description="section", ordering="entry__section__title")
+    def section(self, mail):
+        return str(mail.entry.section)
+
+    @admin.display(description="sent", ordering="sent_at")
+    def sent(self, mail):
+        return display.moment_html(mail.sent_at, relative=True)

@@ -78,3 +78,23 @@ def check_reminder_sending(app_configs=None, **kwargs):
             id="reservations.E004",
         ))
     return errors
+
+
+# An offer longer than a day keeps a freed seat from everyone else for that long.
+MAX_OFFER_MINUTES = 1440
+
+
+@checks.register()
+def check_offer_window(app_configs=None, **kwargs):
+    """An offered seat must stay held long enough to be confirmed, and not for days."""
+    minutes = conf.OFFER_MINUTES
+    if (isinstance(minutes, bool) or not isinstance(minutes, int)
+            or not 1 <= minutes <= MAX_OFFER_MINUTES):
+        return [checks.Error(
+            f"RESERVATIONS_OFFER_MINUTES {minutes!r} is not a whole number of minutes from 1 "
+            f"to {MAX_OFFER_MINUTES}: an offer must give its learner time to confirm, and "
+            "must not keep a freed seat from the next learner for days.",
+            hint="Give the minutes an offered seat stays held, e.g. 30.",
+            id="reservations.E005",
+        )]
+    return []

@@ -7,6 +7,9 @@ conf = PrefixedSettings(
     {
         # How long a seat stays held without a renewal or a confirmation.
         "HOLD_MINUTES": 15,
+        # How long a seat offered to the first learner on a waitlist stays held for
+        # them before it goes to the next (system check reservations.E005).
+        "OFFER_MINUTES": 30,
         # Reminder attempts are purged once older than this.
         "REMINDER_RETENTION_DAYS": 30,
         # A held seat's renewal reminder is due this long before the hold expires.

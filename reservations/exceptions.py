@@ -10,6 +10,37 @@ class SectionFull(ReservationError):
         super().__init__(f"section {section_id} is full ({capacity} seats)")
 
 
+class WaitlistAhead(SectionFull):
+    """Free seats are spoken for: learners on the section's waitlist come first."""
+
+    def __init__(self, section_id: int, capacity: int, waiting: int):
+        ReservationError.__init__(
+            self, f"section {section_id} is full for newcomers ({capacity} seats): "
+            f"{waiting} learner(s) on its waitlist come first; join the waitlist")
+
+
+class SeatAvailable(ReservationError):
+    def __init__(self, section_id: int):
+        super().__init__(f"section {section_id} has a free seat and nobody waits for it: "
+                         "hold the seat instead of joining its waitlist")
+
+
+class AlreadySeated(ReservationError):
+    def __init__(self, section_id: int, learner_ref: str):
+        super().__init__(f"{learner_ref} already holds a seat in section {section_id}")
+
+
+class NotAMailAddress(ReservationError):
+    def __init__(self, learner_ref: str, address: str):
+        super().__init__(f"{learner_ref!r} gives no mail address ({address!r}): an offer "
+                         "could never reach them")
+
+
+class WaitlistEntryNotFound(ReservationError):
+    def __init__(self, entry_id: int):
+        super().__init__(f"waitlist entry {entry_id} does not exist")
+
+
 class HoldNotFound(ReservationError):
     def __init__(self, hold_id: int):
         super().__init__(f"seat hold {hold_id} does not exist (released or expired)")

@@ -1,4 +1,5 @@
-"""Tenants, course sections, seat holds, their renewal reminders, and the attempts to send them."""
+"""Tenants, course sections, seat holds, their renewal reminders and the attempts to
+send them, and the waitlists of full sections with what each freed seat produced."""
 
 from __future__ import annotations
 
@@ -188,3 +189,87 @@ class ReminderAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"reminder {self.pk} about hold {self.hold_id}"
+
+
+class WaitlistEntry(models.Model):
+    """A learner waiting for a seat in a full section, then offered one, until the offer
+    is confirmed, lapses, or the learner leaves.
+
+    ``offer_hold_id`` is a plain column, not a foreign key to SeatHold: a relation would
+    make cleanup's DELETE of holds cascade (system check cleanup.E004). An offer hold
+    that expired or was released is gone; its ``reservations.seat_freed`` event moves the entry to
+    lapsed (reservations.waitlist).
+    """
+
+    class State(models.TextChoices):
+        WAITING = "waiting", "Waiting"
+        OFFERED = "offered", "Offered a seat"
+        LAPSED = "lapsed", "Offer lapsed"
+        CONFIRMED = "confirmed", "Confirmed"
+        LEFT = "left", "Left"
+
+    section = models.ForeignKey(Section, on_delete=models.CASCADE, related_name="+")
+    learner_ref = models.CharField(max_length=100)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.WAITING)
+    joined_at = models.DateTimeField(default=timezone.now)
+    offered_at = models.DateTimeField(null=True, blank=True)
+    offer_hold_id = models.BigIntegerField(null=True, blank=True)
+    # The event whose freed seat was offered (Event.dedup_id).
+    offer_event_key = models.CharField(max_length=400, blank=True, default="")
+
+    class Meta:
+        verbose_name_plural = "waitlist entries"
+        constraints = [
+            # One place in a section's line per learner while they are in it; after an
+            # offer lapsed, or they left, they may join again at the back.
+            models.UniqueConstraint(fields=["section", "learner_ref"],
+                                    condition=Q(state__in=("waiting", "offered")),
+                                    name="waitlist_one_place_per_learner"),
+        ]
+        indexes = [
+            # The first learner waiting in a section, and the trigger's "does anyone
+            # wait here?" (migration 0008), from the index alone.
+            models.Index(fields=["section", "state", "joined_at", "id"],
+                         name="waitlist_line"),
+            # confirm_hold finds the entry an offer hold answers.
+            models.Index(fields=["offer_hold_id"], condition=Q(state="offered"),
+                         name="waitlist_offered_by_hold"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.learner_ref} in line for section {self.section_id} ({self.state})"
+
+
+class FreedSeat(models.Model):
+    """What one freed seat (one ``reservations.seat_freed`` event) produced: an offer,
+    nobody waiting, or no room. The event's key is unique, so a second delivery never
+    records twice."""
+
+    class Outcome(models.TextChoices):
+        OFFERED = "offered", "Offered"
+        NOBODY_WAITING = "nobody_waiting", "Nobody waiting"
+        NO_ROOM = "no_room", "No room"
+
+    event_key = models.CharField(max_length=400, unique=True)
+    section = models.ForeignKey(Section, on_delete=models.CASCADE, related_name="+")
+    # The hold whose deletion freed the seat (gone: a plain column).
+    hold_id = models.BigIntegerField()
+    outcome = models.CharField(max_length=20, choices=Outcome.choices)
+    entry = models.ForeignKey(WaitlistEntry, on_delete=models.SET_NULL, null=True,
+                              blank=True, related_name="+")
+    recorded_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"seat of hold {self.hold_id}: {self.outcome}"
+
+
+class OfferMail(models.Model):
+    """An offer's mail, by its Message-ID: a resend after a crash carries the same id
+    and is still one mail on record."""
+
+    message_id = models.CharField(max_length=200, unique=True)
+    entry = models.ForeignKey(WaitlistEntry, on_delete=models.CASCADE, related_name="+")
+    sent_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.message_id

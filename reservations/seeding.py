@@ -121,3 +121,25 @@ def _batches(cursor, what, count, progress, sql, params, model) -> None:
         last = min(first + BATCH - 1, count)
         cursor.execute(statement, {**params, "first": first, "last": last})
         progress(what, last, count)
+
+
+def seed_waitlists(*, sections: int, seats: int, waiting: int) -> list[list[int]]:
+    """Full sections with learners in line, through the services a learner uses: each
+    section's ``seats`` held with hold_seat, then ``waiting`` learners joining its
+    waitlist. Return each section's hold ids, in the order they were taken."""
+    # Imported here: the waitlist's services import this app's services, which the bulk
+    # seeding above never needs.
+    from reservations.services import hold_seat
+    from reservations.waitlist import join_waitlist
+
+    tenant = Tenant.objects.order_by("pk").first() or Tenant.objects.create(
+        name=_free_names(1)[0])
+    held = []
+    for number in range(1, sections + 1):
+        section = Section.objects.create(tenant=tenant, capacity=seats,
+                                         title=f"{tenant.name} full section {number}")
+        held.append([hold_seat(section.pk, f"seated-{section.pk}-{n}").pk
+                     for n in range(1, seats + 1)])
+        for n in range(1, waiting + 1):
+            join_waitlist(section.pk, f"waiting-{section.pk}-{n}")
+    return held

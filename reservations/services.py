@@ -2,40 +2,66 @@
 
 Each keeps the hold's renewal reminder in step, in the same transaction: a hold gets
 one when it is made, a renewal moves it, a confirmation cancels it, and releasing the
-hold deletes it with the hold (in the database).
+hold deletes it with the hold (in the database). Seats are counted against the
+section's waitlist too (reservations.waitlist): learners waiting come first.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Count, Max, Q
 from django.utils import timezone
 
 from reservations.conf import conf
-from reservations.exceptions import HoldNotFound, HoldNotRenewable, SectionFull
-from reservations.models import Reminder, SeatHold, Section
+from reservations.exceptions import HoldNotFound, HoldNotRenewable, SectionFull, WaitlistAhead
+from reservations.models import Reminder, SeatHold, Section, WaitlistEntry
 
 
 def hold_seat(section_id: int, learner_ref: str, *, now: datetime | None = None) -> SeatHold:
-    """Hold a seat for the hold window; refuse when the section is full."""
+    """Hold a seat for the hold window; refuse when the section is full, or when its free
+    seats are spoken for by learners on its waitlist (WaitlistAhead).
+
+    A learner offered a seat from the waitlist gets their offer hold back (the seat is
+    theirs already, not a second one); a learner still waiting who takes a seat left
+    over beyond everyone else waiting leaves the waitlist.
+    """
     now = now or timezone.now()
     with transaction.atomic():
         # The section lock serialises seat counting, so two learners cannot both
         # take the last seat.
         section = Section.objects.select_for_update().get(pk=section_id)
-        _ensure_room(section, now)
-        hold = SeatHold.objects.create(
-            tenant_id=section.tenant_id,
-            section=section,
-            learner_ref=learner_ref,
-            expires_at=now + _window(),
-            created_at=now,
-            updated_at=now,
-        )
-        Reminder.for_hold(hold, reminder_due(hold.expires_at), now).save()
+        line = waitlist_line(section.pk, learner_ref)
+        if line.offer_hold_id is not None:
+            offer = SeatHold.objects.filter(pk=line.offer_hold_id, status=SeatHold.Status.HELD,
+                                            expires_at__gt=now).first()
+            if offer is not None:
+                return offer
+        _ensure_room(section, now, waiting=line.waiting)
+        hold = create_hold(section, learner_ref, expires_at=now + _window(), now=now)
+        if line.own_waiting_id is not None:
+            WaitlistEntry.objects.filter(pk=line.own_waiting_id,
+                                         state=WaitlistEntry.State.WAITING).update(
+                state=WaitlistEntry.State.LEFT)
         return hold
+
+
+def create_hold(section: Section, learner_ref: str, *, expires_at: datetime,
+                now: datetime) -> SeatHold:
+    """Create a held seat and its renewal reminder; no checks: the caller holds the
+    section's lock and has found the room (hold_seat, and the waitlist's offers)."""
+    hold = SeatHold.objects.create(
+        tenant_id=section.tenant_id,
+        section=section,
+        learner_ref=learner_ref,
+        expires_at=expires_at,
+        created_at=now,
+        updated_at=now,
+    )
+    Reminder.for_hold(hold, reminder_due(hold.expires_at), now).save()
+    return hold
 
 
 def renew_hold(hold_id: int, *, now: datetime | None = None) -> SeatHold:
@@ -52,7 +78,8 @@ def renew_hold(hold_id: int, *, now: datetime | None = None) -> SeatHold:
             raise HoldNotRenewable(hold_id, hold.status)
         if hold.expires_at <= now:
             section = Section.objects.select_for_update().get(pk=hold.section_id)
-            _ensure_room(section, now, excluding=hold.pk)
+            _ensure_room(section, now, excluding=hold.pk,
+                         waiting=waitlist_line(section.pk, hold.learner_ref).waiting)
         hold.expires_at = now + _window()
         hold.updated_at = now
         hold.save(update_fields=["expires_at", "updated_at"])
@@ -69,12 +96,17 @@ def confirm_hold(hold_id: int, *, now: datetime | None = None) -> SeatHold:
             return hold
         if hold.expires_at <= now:
             section = Section.objects.select_for_update().get(pk=hold.section_id)
-            _ensure_room(section, now, excluding=hold.pk)
+            _ensure_room(section, now, excluding=hold.pk,
+                         waiting=waitlist_line(section.pk, hold.learner_ref).waiting)
         hold.status = SeatHold.Status.CONFIRMED
         hold.updated_at = now
         hold.save(update_fields=["status", "updated_at"])
         _unsent_reminder(hold).update(state=Reminder.State.CANCELLED, claimed_at=None,
                                       updated_at=now)
+        # A seat offered from the waitlist: its learner is through the line.
+        WaitlistEntry.objects.filter(offer_hold_id=hold.pk,
+                                     state=WaitlistEntry.State.OFFERED).update(
+            state=WaitlistEntry.State.CONFIRMED)
         return hold
 
 
@@ -82,12 +114,26 @@ def release_hold(hold_id: int) -> bool:
     """Give a held seat back at once (the learner's own action); False if already gone.
 
     Scheduled cleanup is only the backstop for holds nobody released. The database
-    deletes the hold's reminder with it.
+    deletes the hold's reminder with it, and writes its ``reservations.seat_freed``
+    event when the section has a waitlist (migration 0008).
     """
-    deleted, _ = SeatHold.objects.filter(pk=hold_id, status=SeatHold.Status.HELD).delete()
-    if not deleted and SeatHold.objects.filter(pk=hold_id).exists():
-        raise HoldNotRenewable(hold_id, SeatHold.Status.CONFIRMED)
-    return bool(deleted)
+    with transaction.atomic():
+        # The hold's lock first, then the section's: the order renew_hold and
+        # confirm_hold take them in, so the three never deadlock.
+        hold = (SeatHold.objects.select_for_update().filter(pk=hold_id)
+                .values_list("status", "section_id").first())
+        if hold is None:
+            return False
+        status, section_id = hold
+        if status != SeatHold.Status.HELD:
+            raise HoldNotRenewable(hold_id, status)
+        # The section's lock, so that join_waitlist either sees the seat free (and
+        # refuses: hold it instead) or commits its entry before this DELETE's trigger
+        # looks for a waitlist: a learner joining while a seat is released is never
+        # left waiting beside a free seat with no event to offer it.
+        list(Section.objects.select_for_update().filter(pk=section_id).values_list("pk"))
+        deleted, _ = SeatHold.objects.filter(pk=hold_id, status=SeatHold.Status.HELD).delete()
+        return bool(deleted)
 
 
 def seats_taken(section_id: int, now: datetime, *, excluding: int | None = None) -> int:
@@ -101,9 +147,46 @@ def seats_taken(section_id: int, now: datetime, *, excluding: int | None = None)
     return taken.count()
 
 
-def _ensure_room(section: Section, now: datetime, *, excluding: int | None = None) -> None:
-    if seats_taken(section.pk, now, excluding=excluding) >= section.capacity:
+@dataclass(frozen=True)
+class WaitlistLine:
+    """A section's waitlist as one learner sees it."""
+
+    waiting: int  # learners waiting, the one asking left out
+    own_waiting_id: int | None  # their own entry, if they wait
+    offer_hold_id: int | None  # the hold offered to them, if any
+
+
+def waitlist_line(section_id: int, learner_ref: str) -> WaitlistLine:
+    """How many learners wait in the section besides ``learner_ref``, and where they
+    stand themselves (one statement; all zero and None without a waitlist)."""
+    mine = Q(learner_ref=learner_ref)
+    waiting = Q(state=WaitlistEntry.State.WAITING)
+    line = WaitlistEntry.objects.filter(
+        section_id=section_id,
+        state__in=(WaitlistEntry.State.WAITING, WaitlistEntry.State.OFFERED),
+    ).aggregate(
+        waiting=Count("pk", filter=waiting & ~mine),
+        own_waiting_id=Max("pk", filter=waiting & mine),
+        offer_hold_id=Max("offer_hold_id", filter=mine & Q(state=WaitlistEntry.State.OFFERED)),
+    )
+    return WaitlistLine(**line)
+
+
+def _ensure_room(section: Section, now: datetime, *, excluding: int | None = None,
+                 waiting: int = 0) -> None:
+    """Refuse unless a seat is free beyond one for each learner ``waiting``.
+
+    Not "refuse while anyone waits": a section with more free seats than learners
+    waiting (an offer outstanding while the next seats freed found nobody waiting) would
+    then refuse everyone, and join_waitlist would refuse them too (there is room).
+    Counting the waiting learners against the free seats keeps the two exact
+    complements: a learner can always either hold a seat or join the line.
+    """
+    taken = seats_taken(section.pk, now, excluding=excluding)
+    if taken >= section.capacity:
         raise SectionFull(section.pk, section.capacity)
+    if taken + waiting >= section.capacity:
+        raise WaitlistAhead(section.pk, section.capacity, waiting)
 
 
 def _locked_hold(hold_id: int) -> SeatHold:

@@ -13,7 +13,8 @@ from reservations.management.wiping import add_wipe_arguments, confirm_wipe
 class Command(BaseCommand):
     help = (
         "Run one real cleanup cycle through a qcluster subprocess and print a report. "
-        "Deletes every tenant, section, hold, reminder and reminder attempt first."
+        "Deletes every tenant, section, hold, reminder, reminder attempt and waitlist "
+        "first."
     )
 
     def add_arguments(self, parser) -> None:
@@ -71,6 +72,17 @@ class Command(BaseCommand):
                   "(kept until the next demo)."]
         if reminders["sample"]:
             sample = reminders["sample"]
+            lines.append(f"  e.g. to {sample['To']}: \"{sample['Subject']}\" "
+                         f"(Message-ID {sample['Message-ID']})")
+        waitlist = report.waitlist
+        lines.append(
+            f"Waitlists: {waitlist['freed']} seats freed in full sections "
+            f"({waitlist['by_source']['cleanup']} by cleanup, "
+            f"{waitlist['by_source']['learner']} released by their learner); "
+            f"{waitlist['offered']} offered to the first learner waiting, "
+            f"{count(waitlist['offer_mails'], 'offer mail')} among the mails written.")
+        if waitlist["sample"]:
+            sample = waitlist["sample"]
             lines.append(f"  e.g. to {sample['To']}: \"{sample['Subject']}\" "
                          f"(Message-ID {sample['Message-ID']})")
         lines.append("")
