@@ -33,6 +33,7 @@ from cleanup.outbox.publisher import CANDIDATES, backoff
 from tests.conftest import ROOT, subprocess_env, wait_for
 from tests.engine_app.models import EventEffect
 from tests.outbox_handlers import record_effect
+from tests.test_metrics import scrape, value
 
 pytestmark = pytest.mark.django_db
 
@@ -477,3 +478,22 @@ def test_emitting_and_publishing_leave_nothing_on_the_session():
         requeue(Event.objects.filter(state="dead").values_list("pk", flat=True))
     assert len(sent) > 10
     assert [sql for sql in sent if session_scoped(sql)] == []
+
+
+# /metrics
+
+def test_metrics_count_pending_events_by_name_and_age_the_oldest(client):
+    assert value(scrape(client), "cleanup_events_oldest_pending_age_seconds") == 0
+    with transaction.atomic():
+        emit("seat.freed", "hold:1", {"hold_id": 1}, ordering_key="section:1")
+        emit("seat.freed", "hold:2", {"hold_id": 2}, ordering_key="section:1")
+        emit("lease.ended", "lease:1", {})
+    Event.objects.filter(key="hold:1").update(created_at=timezone.now() - timedelta(minutes=7))
+    with registered(**{"lease.ended": record_effect, "seat.freed": fail}):
+        publish()  # lease.ended delivered; seat.freed failed once, still pending
+
+    samples = scrape(client)
+    by_name = {dict(labels)["name"]: n for (metric, labels), n in samples.items()
+               if metric == "cleanup_events_pending"}
+    assert by_name == {"seat.freed": 2}  # lease.ended delivered: not pending
+    assert 420 <= value(samples, "cleanup_events_oldest_pending_age_seconds") < 480

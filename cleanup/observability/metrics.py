@@ -36,6 +36,7 @@ from cleanup.models import Chunk, Hold, OrphanMessage, Run, ScheduleInstall, Slo
 from cleanup.observability import health
 from cleanup.observability.backlog import COUNT_CAP, Budget, backlogs
 from cleanup.observability.counters import DURATION_BUCKETS_MS, ROWS_BUCKETS, ledger_figures
+from cleanup.observability.events import event_families
 from cleanup.observability.overview import ScheduleStatus, backlog_age_limit
 from cleanup.policies import Policy, all_policies
 from cleanup.scheduling import triggers
@@ -90,6 +91,7 @@ class LedgerCollector:
         yield from self._health_gauges(now, figures.last_success)
         yield self._heartbeats()
         yield from self._holds(now)
+        yield from event_families(now)
 
     def _holds(self, now):
         """Holds in force and the time spent held, per policy and reason (the ledger of
