@@ -164,6 +164,12 @@ class Settings:
         return self._read("TASK_RESULT_RETENTION_DAYS", 7)
 
     @property
+    def EVENT_RETENTION_DAYS(self) -> int:
+        """Outbox events delivered or discarded this long ago are purged (their totals
+        stay on /metrics); dead and pending ones are kept."""
+        return self._read("EVENT_RETENTION_DAYS", 7)
+
+    @property
     def CHUNK_BUDGET_MS(self) -> float:
         """Chunk size from a transaction-time budget: a new run's chunks hold as many rows
         as recent chunks of the policy and scheme deleted in this many milliseconds

@@ -1,6 +1,6 @@
 """The engine's own cleanup policies: it purges its ledger (runs, chunks, the trigger
-ledger's slots) and django-q2's results with the same replay-safe pipeline it offers
-the host project."""
+ledger's slots), the outbox's settled events and django-q2's results with the same
+replay-safe pipeline it offers the host project."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from django.db.models import Q, QuerySet
 
 from cleanup.conf import conf
-from cleanup.models import Chunk, Run
+from cleanup.models import Chunk, Event, Run
 from cleanup.observability import counters
 from cleanup.policies import ITEMS, RANGE, Policy, register
 
@@ -17,12 +17,19 @@ PURGE_CHUNKS = "purge-cleanup-chunks"
 PURGE_RUNS = "purge-cleanup-runs"
 PURGE_TASK_RESULTS = "purge-task-results"
 PURGE_SLOTS = "purge-cleanup-slots"
+PURGE_EVENTS = "purge-cleanup-events"
+# What the event purge takes: dead events wait for an operator, pending ones for delivery.
+SETTLED_FOR_GOOD = (Event.State.DELIVERED, Event.State.DISCARDED)
 # Runs go a day after their chunks, so the chunk purge has emptied them by then.
 RUN_MARGIN = timedelta(days=1)
 
 
 def ledger_retention() -> timedelta:
     return timedelta(days=conf.LEDGER_RETENTION_DAYS)
+
+
+def event_retention() -> timedelta:
+    return timedelta(days=conf.EVENT_RETENTION_DAYS)
 
 
 def task_result_retention() -> timedelta:
@@ -42,6 +49,10 @@ def slot_deadline(cutoff: datetime) -> dict[str, datetime]:
     return {"fired_before": cutoff - ledger_retention()}
 
 
+def event_deadline(cutoff: datetime) -> dict[str, datetime]:
+    return {"settled_before": cutoff - event_retention()}
+
+
 def task_result_deadline(cutoff: datetime) -> dict[str, datetime]:
     return {"stopped_before": cutoff - task_result_retention()}
 
@@ -56,6 +67,10 @@ def old_runs(cutoff: datetime, created_before: datetime) -> Q:
 
 def old_slots(cutoff: datetime, fired_before: datetime) -> Q:
     return Q(fired_at__lte=fired_before)
+
+
+def old_events(cutoff: datetime, settled_before: datetime) -> Q:
+    return Q(state__in=SETTLED_FOR_GOOD, settled_at__lte=settled_before)
 
 
 def old_task_results(cutoff: datetime, stopped_before: datetime) -> Q:
@@ -90,6 +105,12 @@ def register_policies() -> None:
         name=PURGE_SLOTS, model_label="cleanup.Slot", eligible=old_slots, derive=slot_deadline,
         observed_field="fired_at", partition_field="policy", scheme=RANGE, chunk_size=1000,
         schedule="45 * * * *", eligible_after=ledger_retention,
+    ))
+    register(Policy(
+        name=PURGE_EVENTS, model_label="cleanup.Event", eligible=old_events,
+        derive=event_deadline,
+        observed_field="settled_at", partition_field=None, scheme=RANGE, chunk_size=1000,
+        schedule="35 * * * *", eligible_after=event_retention,
     ))
     register(Policy(
         name=PURGE_TASK_RESULTS, model_label="django_q.Task", eligible=old_task_results,

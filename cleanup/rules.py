@@ -161,6 +161,8 @@ SETTING_RULES = (
         for name, id_, what in (
             ("LEDGER_RETENTION_DAYS", "cleanup.E019", "finished chunks, slots and runs"),
             ("TASK_RESULT_RETENTION_DAYS", "cleanup.E020", "django-q2's saved task results"),
+            ("EVENT_RETENTION_DAYS", "cleanup.E035",
+             "outbox events delivered or discarded"),
         )
     ),
     Rule("MAX_REPLICA_LAG", "cleanup.E023", f"a number of seconds above 0, at most {DAY}",

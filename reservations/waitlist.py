@@ -25,7 +25,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.mail import EmailMessage
 from django.core.validators import validate_email
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -62,6 +62,12 @@ def join_waitlist(section_id: int, learner_ref: str, *,
     except ValidationError:
         raise NotAMailAddress(learner_ref, address) from None
     with transaction.atomic():
+        # The section's held seats, key-share locked (renewals go on): a chunk deleting
+        # one of them now has either committed (the seat reads as free below: refused),
+        # or waits until this entry commits, so its trigger sees it (or skips the seat
+        # for its next run). Before the section's lock, in the order release_hold and
+        # confirm_hold take theirs: hold, then section.
+        _lock_held_seats(section_id)
         # The section's lock: hold_seat and release_hold take it too, so a seat is
         # either free when this looks (refused) or its release sees this entry.
         section = Section.objects.select_for_update().get(pk=section_id)
@@ -82,6 +88,20 @@ def join_waitlist(section_id: int, learner_ref: str, *,
             raise SeatAvailable(section.pk)
         return WaitlistEntry.objects.create(section=section, learner_ref=learner_ref,
                                             joined_at=now)
+
+
+# Locks that a DELETE of the row waits for and an UPDATE of its expiry does not.
+HELD_SEATS = """
+SELECT id FROM reservations_seathold
+WHERE section_id = %s AND status = 'held'
+ORDER BY id
+FOR KEY SHARE
+"""
+
+
+def _lock_held_seats(section_id: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(HELD_SEATS, [section_id])
 
 
 def leave_waitlist(entry_id: int) -> WaitlistEntry:

@@ -55,6 +55,7 @@ CHECKED_BY = {
     "EVENT_MAX_ATTEMPTS": "cleanup.E032",
     "EVENT_BACKOFF_SECONDS": "cleanup.E033",
     "EVENT_BACKOFF_MAX_SECONDS": "cleanup.E034",
+    "EVENT_RETENTION_DAYS": "cleanup.E035",
 }
 
 

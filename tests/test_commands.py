@@ -168,8 +168,9 @@ def test_schedule_command_twice_changes_nothing(db):
     second = run_json("cleanup_schedule")
     assert first["created"] == [
         "cleanup:expire-holds", "cleanup:mark-reminders-ready",
-        "cleanup:purge-cleanup-chunks", "cleanup:purge-cleanup-runs",
-        "cleanup:purge-cleanup-slots", "cleanup:purge-reminder-attempts",
+        "cleanup:purge-cleanup-chunks", "cleanup:purge-cleanup-events",
+        "cleanup:purge-cleanup-runs", "cleanup:purge-cleanup-slots",
+        "cleanup:purge-reminder-attempts",
         "cleanup:purge-task-results",
         "cleanup:send-reminders", "cleanup:reconcile", "cleanup:heartbeat",
         "cleanup:fold-counters", "cleanup:publish-events",

@@ -28,6 +28,7 @@ from cleanup.outbox import (
     register,
     registered,
     requeue,
+    totals,
 )
 from cleanup.outbox.publisher import CANDIDATES, backoff
 from tests.conftest import ROOT, subprocess_env, wait_for
@@ -153,20 +154,30 @@ def test_an_event_a_handler_emits_commits_with_the_delivery():
 
 def test_a_crash_in_the_handler_leaves_neither_its_write_nor_delivered():
     event = emitted(ordering_key="section:1")
+    t0 = timezone.now()
 
     def write_then_crash(event):
         record_effect(event)
         raise Crash
 
     with registered(**{"seat.freed": write_then_crash}), pytest.raises(Crash):
-        publish()
+        publish(now=t0)
     assert EventEffect.objects.count() == 0
     event.refresh_from_db()
-    assert (event.state, event.attempts) == ("pending", 0)  # taken again, nothing counted
+    # The call was recorded before the handler ran: nobody takes the event again before
+    # the back-off the call would have had, had it failed.
+    assert (event.state, event.attempts, event.call_started_at) == ("pending", 0, t0)
+    assert event.available_at == t0 + backoff(1)
 
     with registered(**{"seat.freed": record_effect}):
-        assert publish().delivered == 1
+        assert publish(now=t0 + backoff(1) - timedelta(seconds=0.1)).handled == 0
+        assert publish(now=t0 + backoff(1)).delivered == 1
     assert list(EventEffect.objects.values_list("event_id", flat=True)) == [event.pk]
+    event.refresh_from_db()
+    # The call that never returned counts as a failed attempt, with its cause.
+    assert (event.state, event.attempts, event.call_started_at) == ("delivered", 1, None)
+    assert event.cause.startswith("its handler's call begun at ")
+    assert event.cause.endswith("never returned: its publisher died or lost its connection")
 
 
 def test_a_crash_after_marking_delivered_before_commit_leaves_neither():
@@ -174,7 +185,7 @@ def test_a_crash_after_marking_delivered_before_commit_leaves_neither():
 
     def crash_after_delivered(execute, sql, params, many, context):
         result = execute(sql, params, many, context)
-        if sql.startswith('UPDATE "cleanup_event"') and "delivered" in (params or ()):
+        if sql == totals.DELIVER:
             raise Crash
         return result
 
@@ -198,17 +209,49 @@ publish()
 @pytest.mark.django_db(transaction=True)  # the subprocess must see the committed event
 def test_a_publisher_killed_mid_handler_leaves_neither_and_the_event_is_taken_again():
     event = emitted(ordering_key="section:1")
+    assert killed_publisher().returncode == -signal.SIGKILL
+
+    event.refresh_from_db()
+    assert (event.state, event.attempts, EventEffect.objects.count()) == ("pending", 0, 0)
+    assert event.call_started_at is not None  # committed before the handler ran
+    with registered(**{"seat.freed": record_effect}):
+        assert publish(now=event.available_at).delivered == 1
+    assert EventEffect.objects.get().event_id == event.pk
+    event.refresh_from_db()
+    assert (event.state, event.attempts) == ("delivered", 1)
+
+
+def killed_publisher() -> subprocess.CompletedProcess:
     process = subprocess.run(
         [sys.executable, "-c", KILLED_PUBLISHER], cwd=ROOT,
         env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings"),
         capture_output=True, text=True, timeout=60)
     assert process.returncode == -signal.SIGKILL, process.stdout + process.stderr
+    return process
 
-    event.refresh_from_db()
-    assert (event.state, event.attempts, EventEffect.objects.count()) == ("pending", 0, 0)
+
+@pytest.mark.django_db(transaction=True)  # the subprocesses must see the committed event
+def test_a_handler_that_kills_its_publisher_every_time_is_dead_after_its_attempts(settings):
+    """Each call's record commits before the handler runs, so a handler that kills its
+    process is counted like one that raises, and dead-lettered; its key goes on."""
+    settings.CLEANUP_EVENT_MAX_ATTEMPTS = 3  # read by this process; the children's is 10
+    event = emitted(ordering_key="section:1")
+    behind = emitted(key="hold:2", ordering_key="section:1")
+    for call in range(3):
+        killed_publisher()
+        # The back-off served at once, so the next publisher takes it now.
+        Event.objects.filter(pk=event.pk).update(available_at=timezone.now())
+        if call < 2:
+            event.refresh_from_db()
+            assert (event.state, event.attempts) == ("pending", call)
     with registered(**{"seat.freed": record_effect}):
-        assert publish().delivered == 1
-    assert EventEffect.objects.get().event_id == event.pk
+        result = publish()
+    event.refresh_from_db()
+    # The third call never returned: with two before it, the attempts are used up.
+    assert (event.state, event.attempts) == ("dead", 3)
+    assert "never returned" in event.cause and event.settled_at is not None
+    assert (result.dead, result.delivered) == (1, 1)
+    assert list(EventEffect.objects.values_list("event_id", flat=True)) == [behind.pk]
 
 
 FROZEN_PUBLISHER = KILLED_PUBLISHER.replace("record_effect_then_die",

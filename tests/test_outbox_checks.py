@@ -1,4 +1,4 @@
-"""One test per system check id of the outbox's settings (cleanup.E032 to E034), in the
+"""One test per system check id of the outbox's settings (cleanup.E032 to E035), in the
 style of tests/test_checks.py, which also lists them in CHECKED_BY."""
 
 from __future__ import annotations
@@ -45,3 +45,16 @@ def test_e033_and_e034_take_fractions_of_a_second(settings):
     settings.CLEANUP_EVENT_BACKOFF_SECONDS = 0.25
     settings.CLEANUP_EVENT_BACKOFF_MAX_SECONDS = 2.5
     assert check_settings() == []
+
+
+@pytest.mark.parametrize("value", [0, 36_501, "7", 1.5, None, True])
+def test_e035_event_retention_must_be_whole_days_within_a_century(settings, value):
+    assert ids(setting_errors(settings, "EVENT_RETENTION_DAYS", value)) == ["cleanup.E035"]
+
+
+def test_e035_message_says_what_is_purged(settings):
+    (error,) = setting_errors(settings, "EVENT_RETENTION_DAYS", 0)
+    assert error.msg == ("CLEANUP_EVENT_RETENTION_DAYS is 0; it must be a whole number of "
+                         "days from 1 to 36500.")
+    assert error.hint.startswith("Set how many days outbox events delivered or discarded "
+                                 "are kept before the engine purges them.")

@@ -14,10 +14,10 @@ from cleanup.models.ledger import (
     Slot,
     rows_changed,
 )
-from cleanup.models.outbox import Event
+from cleanup.models.outbox import Event, EventTotal
 
 __all__ = [
-    "ROWS_CHANGED", "Chunk", "CleanupOverview", "Event", "Hold", "Lease", "LedgerTotal",
-    "MessageField", "OrphanMessage", "Run", "ScheduleInstall", "Slot", "WorkerHeartbeat",
-    "rows_changed",
+    "ROWS_CHANGED", "Chunk", "CleanupOverview", "Event", "EventTotal", "Hold", "Lease",
+    "LedgerTotal", "MessageField", "OrphanMessage", "Run", "ScheduleInstall", "Slot",
+    "WorkerHeartbeat", "rows_changed",
 ]

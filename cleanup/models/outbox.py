@@ -36,10 +36,16 @@ class Event(models.Model):
     payload = models.JSONField(default=dict, blank=True)
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     attempts = models.PositiveIntegerField(default=0)  # handler calls that failed
+    # Set, and committed, before its handler is called; cleared when the call's outcome
+    # is recorded. Found set when the event is taken again: that call never returned
+    # (its process died, or lost its connection), and it is counted as a failed attempt.
+    call_started_at = models.DateTimeField(null=True, blank=True)
     # Not taken before this: emitted, or the back-off after a failed attempt.
     available_at = models.DateTimeField(default=timezone.now)
     created_at = models.DateTimeField(default=timezone.now)
     delivered_at = models.DateTimeField(null=True, blank=True)
+    # When it left pending: delivered, dead-lettered or discarded (a requeue clears it).
+    settled_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")  # the traceback
     cause = models.CharField(max_length=255, blank=True, default="")  # its one line
     reason = models.TextField(blank=True, default="")  # why an operator discarded it
@@ -61,6 +67,12 @@ class Event(models.Model):
             models.Index(fields=["available_at", "id"],
                          condition=Q(state="pending", ordering_key=""),
                          name="event_pending_unordered"),
+            # Dead events by name, for /metrics: a few rows among many delivered.
+            models.Index(fields=["name"], condition=Q(state="dead"), name="event_dead"),
+            # What the retention purge takes (cleanup.retention), oldest first.
+            models.Index(fields=["settled_at"],
+                         condition=Q(state__in=["delivered", "discarded"]),
+                         name="event_settled"),
         ]
 
     def __str__(self) -> str:
@@ -70,3 +82,22 @@ class Event(models.Model):
     def dedup_id(self) -> str:
         """What an effect outside the database carries, the same on every resend."""
         return f"{self.name}/{self.key}"
+
+
+class EventTotal(models.Model):
+    """How many events of one name were delivered, or discarded, ever: counted in the
+    transaction that settles each (cleanup.outbox.totals), so /metrics reads these few
+    rows however many events are kept, and totals never go down when the purge takes
+    the events."""
+
+    name = models.CharField(max_length=100)
+    state = models.CharField(max_length=16)
+    value = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["name", "state"], name="eventtotal_unique_name_state")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.state} = {self.value}"

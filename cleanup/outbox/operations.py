@@ -14,6 +14,7 @@ from django.db.models.functions import Now
 
 from cleanup.exceptions import CleanupError
 from cleanup.models import Event
+from cleanup.outbox import totals
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class EventAction:
 def requeue(ids: Iterable[int]) -> EventAction:
     """Dead → pending, available now, attempts kept: one more failure makes it dead
     again. It no longer waits for its ordering key's later events, delivered meanwhile."""
-    return _move(ids, state=Event.State.PENDING, available_at=Now())
+    return _move(ids, state=Event.State.PENDING, available_at=Now(), settled_at=None)
 
 
 def discard(ids: Iterable[int], reason: str) -> EventAction:
@@ -34,7 +35,7 @@ def discard(ids: Iterable[int], reason: str) -> EventAction:
     reason = (reason or "").strip()
     if not reason:
         raise CleanupError("a reason is required to discard an event")
-    return _move(ids, state=Event.State.DISCARDED, reason=reason)
+    return _move(ids, state=Event.State.DISCARDED, reason=reason, settled_at=Now())
 
 
 def _move(ids: Iterable[int], **changes) -> EventAction:
@@ -44,4 +45,6 @@ def _move(ids: Iterable[int], **changes) -> EventAction:
         dead = list(Event.objects.select_for_update().filter(pk__in=ids, state=Event.State.DEAD)
                     .order_by("id").values_list("pk", flat=True))
         Event.objects.filter(pk__in=dead, state=Event.State.DEAD).update(**changes)
+        if changes["state"] == Event.State.DISCARDED:
+            totals.count_settled(dead, Event.State.DISCARDED)
     return EventAction(len(dead), len(ids) - len(dead), tuple(dead))

@@ -5,13 +5,18 @@ A crash anywhere leaves both the handler's writes and "delivered" undone (the ev
 taken again) or both done. Several publishers at once never take one event twice: the
 row lock and the guarded UPDATE see to it, and an event's ordering key is blocked for
 others while it is pending, whoever holds it.
+
+Each call is recorded, and committed, before the handler runs: a handler that kills its
+process (or its connection) leaves that record behind, so the next publisher to take
+the event counts the call as a failed attempt, and such a handler is dead-lettered like
+one that raises instead of being called forever.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import connections, router, transaction
 from django.db.models.functions import Now
@@ -19,6 +24,7 @@ from django.db.models.functions import Now
 from cleanup.conf import conf
 from cleanup.exceptions import CleanupError, cause_of, traceback_of
 from cleanup.models import Event
+from cleanup.outbox import totals
 from cleanup.outbox.handlers import handler_for
 
 logger = logging.getLogger(__name__)
@@ -140,24 +146,80 @@ def database_now() -> datetime:
         return cursor.fetchone()[0]
 
 
-# What bounds a publisher's transaction, set for it alone (a pooled server connection
-# keeps none of it): a publisher that freezes holding an event (and so its ordering
+# The record of a call, written before its handler runs: when it began (the database's
+# clock unless a time is given), and no other publisher takes the event before the
+# back-off this call would earn by failing. One statement, returning what it wrote.
+BEGIN_CALL = """
+UPDATE cleanup_event
+SET call_started_at = coalesce(%(now)s, clock_timestamp()),
+    available_at = coalesce(%(now)s, clock_timestamp()) + %(backoff)s
+WHERE id = %(id)s
+RETURNING call_started_at, available_at
+"""
+
+# The event again, locked for the handler's transaction, if it is still this call's;
+# the same statement bounds that transaction, for it alone (a pooled server connection
+# keeps none of it): a publisher that freezes holding the event (and so its ordering
 # key) loses its session after the idle bound, its handler's writes roll back and the
-# event is taken again; a statement that hangs is cancelled.
-_BOUNDS = ("SELECT set_config('statement_timeout', %s, true), "
-           "set_config('idle_in_transaction_session_timeout', %s, true)")
+# event is taken again after its back-off; a statement that hangs is cancelled.
+LOCK_FOR_CALL = """
+SELECT event.*, set_config('statement_timeout', %(statement)s, true),
+       set_config('idle_in_transaction_session_timeout', %(idle)s, true)
+FROM cleanup_event AS event
+WHERE event.id = %(id)s AND event.state = 'pending' AND event.call_started_at = %(started)s
+FOR UPDATE
+"""
+
+# The cause of an attempt whose call never returned.
+NEVER_RETURNED = ("its handler's call begun at {started:%Y-%m-%d %H:%M:%S} UTC never "
+                  "returned: its publisher died or lost its connection")
 
 
 def _publish_one(candidates: list[int], horizon: datetime,
                  now: datetime | None) -> tuple[int, str] | None:
+    """Take one of ``candidates`` and call its handler: None if none could be taken."""
+    event = _begin_call(candidates, horizon, now)
+    if event is None:
+        return None
+    if event.state == DEAD:
+        return event.pk, DEAD
     with transaction.atomic():
-        with connections[router.db_for_write(Event)].cursor() as cursor:
-            cursor.execute(_BOUNDS, [f"{conf.STATEMENT_TIMEOUT_MS}ms",
-                                     f"{conf.IDLE_IN_TRANSACTION_TIMEOUT_MS}ms"])
-        event = take(candidates, horizon)
+        # Still this call's: its record kept other publishers off the event since, and
+        # the row lock does while the handler runs.
+        event = next(iter(Event.objects.raw(LOCK_FOR_CALL, {
+            "id": event.pk, "started": event.call_started_at,
+            "statement": f"{conf.STATEMENT_TIMEOUT_MS}ms",
+            "idle": f"{conf.IDLE_IN_TRANSACTION_TIMEOUT_MS}ms"})), None)
         if event is None:
             return None
         return event.pk, _handle(event, now)
+
+
+def _begin_call(candidates: list[int], horizon: datetime,
+                now: datetime | None) -> Event | None:
+    """Take the first available of ``candidates`` and record, in a transaction of its
+    own, that its handler is being called. An earlier call found still recorded never
+    returned: it is counted as a failed attempt, which may make the event dead.
+
+    Nothing here waits (SKIP LOCKED, then the row this transaction holds), so it needs
+    no bound of its own."""
+    with transaction.atomic():
+        event = take(candidates, horizon)
+        if event is None:
+            return None
+        if event.call_started_at is not None:
+            cause = NEVER_RETURNED.format(started=event.call_started_at.astimezone(UTC))
+            changes = {"attempts": event.attempts + 1, "cause": cause, "last_error": cause}
+            if changes["attempts"] >= conf.EVENT_MAX_ATTEMPTS:
+                _dead_letter(event, changes)
+                return event
+            Event.objects.filter(pk=event.pk).update(**changes)
+            event.attempts = changes["attempts"]
+        with connections[router.db_for_write(Event)].cursor() as cursor:
+            cursor.execute(BEGIN_CALL, {"id": event.pk, "now": now,
+                                        "backoff": backoff(event.attempts + 1)})
+            event.call_started_at, event.available_at = cursor.fetchone()
+        return event
 
 
 def _handle(event: Event, now: datetime | None) -> str:
@@ -173,9 +235,7 @@ def _handle(event: Event, now: datetime | None) -> str:
     except Exception as exc:  # noqa: BLE001 - any error of a host's handler is its failure
         error = traceback_of(exc)
         return _record_failure(event, cause_of(error), error, now)
-    marked = (Event.objects.filter(pk=event.pk, state=PENDING)
-              .update(state=Event.State.DELIVERED, delivered_at=Now()))
-    if marked != 1:  # cannot happen under the row lock; never commit the effects alone
+    if not totals.deliver(event.pk):  # not under the row lock; never commit effects alone
         raise CleanupError(f"event {event.pk} was no longer pending when delivered")
     return DELIVERED
 
@@ -183,13 +243,20 @@ def _handle(event: Event, now: datetime | None) -> str:
 def _record_failure(event: Event, cause: str, error: str, now: datetime | None, *,
                     dead: bool = False) -> str:
     attempts = event.attempts + 1
-    dead = dead or attempts >= conf.EVENT_MAX_ATTEMPTS
     changes = {"attempts": attempts, "cause": cause, "last_error": error}
-    if dead:
-        changes["state"] = Event.State.DEAD
-        logger.warning("event %s %s %s dead-lettered after %s attempt(s): %s",
-                       event.pk, event.name, event.key, attempts, cause)
-    else:
-        changes["available_at"] = (now or database_now()) + backoff(attempts)
+    if dead or attempts >= conf.EVENT_MAX_ATTEMPTS:
+        _dead_letter(event, changes)
+        return DEAD
+    changes |= {"available_at": (now or database_now()) + backoff(attempts),
+                "call_started_at": None}
     Event.objects.filter(pk=event.pk, state=PENDING, attempts=event.attempts).update(**changes)
-    return DEAD if dead else FAILED
+    return FAILED
+
+
+def _dead_letter(event: Event, changes: dict) -> None:
+    """Make the (locked, pending) event dead with ``changes`` (its attempts and cause)."""
+    logger.warning("event %s %s %s dead-lettered after %s attempt(s): %s",
+                   event.pk, event.name, event.key, changes["attempts"], changes["cause"])
+    changes |= {"state": Event.State.DEAD, "settled_at": Now(), "call_started_at": None}
+    Event.objects.filter(pk=event.pk, state=PENDING, attempts=event.attempts).update(**changes)
+    event.state = Event.State.DEAD
