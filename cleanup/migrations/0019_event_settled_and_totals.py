@@ -49,6 +49,10 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='event',
+            index=models.Index(fields=['key'], name='event_key_prefix', opclasses=['varchar_pattern_ops']),
+        ),
+        migrations.AddIndex(
+            model_name='event',
             index=models.Index(condition=models.Q(('state', 'dead')), fields=['name'], name='event_dead'),
         ),
         migrations.AddIndex(
