@@ -45,6 +45,19 @@ def test_short_soak_with_the_orm_broker():
     reminders = figures["reminders"]
     assert reminders["marked_ledger"] > 0 and reminders["sent_while_soaking"] > 0
     assert reminders["renewed_while_falling_due"] > 0
+    waitlist = figures["waitlist"]
+    assert waitlist["events_by_state"] == {"delivered": waitlist["events_written"]}
+    assert waitlist["events_by_source"]["chunks"] > 0
+    assert waitlist["events_by_source"]["learners"] > 0
+    assert sum(waitlist["freed_seats"].values()) == waitlist["events_written"]
+    assert waitlist["freed_seats"]["offered"] == waitlist["offers"]["made"] == waitlist["mails"]
+    assert waitlist["offers"]["confirmed"] > 0 and waitlist["offers"]["lapsed"] > 0
+    assert waitlist["most_seats_beyond_capacity"] == 0
+    assert waitlist["learners_waiting_beside_a_free_seat"] == 0
+    publishers = waitlist["publishers"]
+    assert publishers["faults"]["sigkill_worker_mid_publish"] > 0
+    assert publishers["faults"]["terminate_publisher_backend"] > 0
+    assert publishers["in_clusters"]["delivered"] > 0
 
 
 @pytest.mark.pooler
@@ -92,3 +105,5 @@ def test_the_soak_runs_with_the_settings_of_its_clusters():
     assert clusters.RESERVATIONS_REMINDER_LEAD_MINUTES == runner.REMINDER_LEAD_MINUTES
     assert clusters.RESERVATIONS_REMINDER_SEND_SECONDS == runner.REMINDER_SEND_SECONDS
     assert clusters.EMAIL_BACKEND == runner.EMAIL_BACKEND
+    assert clusters.CLEANUP_EVENT_BACKOFF_SECONDS == runner.EVENT_BACKOFF_SECONDS
+    assert clusters.CLEANUP_EVENT_BACKOFF_MAX_SECONDS == runner.EVENT_BACKOFF_MAX_SECONDS

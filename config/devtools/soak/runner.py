@@ -24,7 +24,7 @@ from cleanup.engine.transport import queue_shares_transaction
 from cleanup.models import Chunk, Run, WorkerHeartbeat
 from cleanup.policies import get_policy, register
 from config.devtools.processes import Cluster
-from config.devtools.soak import faults, reminders
+from config.devtools.soak import faults, publishers, reminders, waitlist
 from config.devtools.soak.poison import POISON_CHANNEL, POISON_POLICY, register_poison_policy
 from config.devtools.soak.traffic import Learners, TrafficLog
 from config.devtools.wipe import wipe_reservations
@@ -38,6 +38,8 @@ SOAK_SETTINGS = "config.devtools.soak.settings"
 RETRY, TIMEOUT, MAX_UNFINISHED = 6, 4, 3
 HOLD_MINUTES, REMINDER_LEAD_MINUTES, REMINDER_SEND_SECONDS = 15, 15 - 10 / 60, 2
 EMAIL_BACKEND = "django.core.mail.backends.dummy.EmailBackend"
+# An outbox event whose publisher was killed is taken again within seconds.
+EVENT_BACKOFF_SECONDS, EVENT_BACKOFF_MAX_SECONDS = 1, 8
 # The policies whose runs the soak dispatches, replays and checks.
 DISPATCHED = (EXPIRE_HOLDS, PURGE_REMINDERS, MARK_REMINDERS_READY)
 
@@ -71,15 +73,17 @@ def run_soak(*, duration: float, min_faults: int, seed: int, say) -> SoakReport:
                            RESERVATIONS_HOLD_MINUTES=HOLD_MINUTES,
                            RESERVATIONS_REMINDER_LEAD_MINUTES=REMINDER_LEAD_MINUTES,
                            RESERVATIONS_REMINDER_SEND_SECONDS=REMINDER_SEND_SECONDS,
-                           EMAIL_BACKEND=EMAIL_BACKEND):
+                           EMAIL_BACKEND=EMAIL_BACKEND,
+                           CLEANUP_EVENT_BACKOFF_SECONDS=EVENT_BACKOFF_SECONDS,
+                           CLEANUP_EVENT_BACKOFF_MAX_SECONDS=EVENT_BACKOFF_MAX_SECONDS):
         seeded = _seed(duration)
         register(replace(get_policy(EXPIRE_HOLDS), chunk_size=20))
         register(replace(get_policy(PURGE_REMINDERS), chunk_size=50))
         register(replace(get_policy(MARK_REMINDERS_READY), chunk_size=20))
         register_poison_policy()
         say(f"Seeded {seeded['holds']} holds with {seeded['hold_reminders']} reminders and "
-            f"{seeded['reminders']} reminder attempts; broker {broker}; soaking for "
-            f"{duration:.0f} s.")
+            f"{seeded['reminders']} reminder attempts, {len(seeded['waitlisted'])} sections "
+            f"with waitlists; broker {broker}; soaking for {duration:.0f} s.")
 
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": SOAK_SETTINGS}
         # Two hosts' worth, each under its own name; host-b through a pooler if given.
@@ -88,10 +92,12 @@ def run_soak(*, duration: float, min_faults: int, seed: int, say) -> SoakReport:
         try:
             for cluster in clusters:
                 cluster.start()
-            soaked = _soak(clusters, duration, rng, seed, say, started_at)
+            soaked = _soak(clusters, duration, rng, seed, say, started_at, seeded["waitlisted"])
             _settle(Run.objects.filter(created_at__gte=started_at), lease)
             # The last sender run, after the final mark run: every ready reminder goes.
             soaked.last_sender_run = reminders.send_the_rest()
+            # After the final expire run: the seats it freed are offered too.
+            soaked.waitlists.drain()
         finally:
             for cluster in clusters:
                 cluster.stop()
@@ -112,6 +118,7 @@ class Soaked:
 
     injector: faults.Injector
     log: TrafficLog
+    waitlists: waitlist.WaitlistSoak
     final: dict
     poison_run: Run | None
     peaks: dict
@@ -120,14 +127,16 @@ class Soaked:
     last_sender_run: Counter = field(default_factory=Counter)
 
 
-def _soak(clusters, duration, rng, seed, say, started_at):
+def _soak(clusters, duration, rng, seed, say, started_at, waitlisted):
     """Traffic, faults and dispatches for ``duration`` seconds, then the final runs."""
     stop = threading.Event()
     log = TrafficLog()
     learners = [Learners(log, stop, seed + i) for i in range(3)]
     injector = faults.Injector(clusters, stop, seed, log)
+    waitlists = waitlist.WaitlistSoak(waitlisted, clusters, log, stop, seed)
     window_probe = WindowProbe(stop)
-    for thread in (*learners, injector, window_probe):
+    threads = (*learners, *waitlists.threads, injector, window_probe)
+    for thread in threads:
         thread.start()
     poison_run = None
     restarted = False
@@ -154,13 +163,14 @@ def _soak(clusters, duration, rng, seed, say, started_at):
             time.sleep(rng.uniform(1.0, 2.0))
     finally:
         stop.set()
-        for thread in (*learners, injector, window_probe):
+        for thread in threads:
             thread.join(30)
     say("Traffic and faults stopped; final runs, every run delivered once more.")
     final = {policy: dispatch(policy).run for policy in DISPATCHED}
     _settle(Run.objects.filter(pk__in=[r.pk for r in final.values()]), RETRY + TIMEOUT)
     again = _deliver_every_chunk_twice(replayed, started_at)
-    return Soaked(injector, log, final, poison_run, window_probe.peaks, again, sender_runs)
+    return Soaked(injector, log, waitlists, final, poison_run, window_probe.peaks, again,
+                  sender_runs)
 
 
 class WindowProbe(threading.Thread):
@@ -264,12 +274,15 @@ def _seed(duration: float) -> dict:
     reminded = reminders.remind(expiring_holds)
     # Holds whose reminders fall due while the soak runs.
     falling_due, their_reminders = reminders.seed_falling_due(duration, now)
+    waitlisted = waitlist.seed(duration, now)
     tenant = Tenant.objects.first()
     ReminderAttempt.objects.create(tenant=tenant, hold_id=0, learner_ref="poison",
                                    channel=POISON_CHANNEL, sent_at=now - timedelta(hours=1))
-    return {"holds": counts["expired"] + counts["confirmed"] + expiring + falling_due,
-            "hold_reminders": counts["reminders"] + reminded + their_reminders,
-            "reminders": counts["attempts"]}
+    return {"holds": (counts["expired"] + counts["confirmed"] + expiring + falling_due
+                      + waitlisted["holds"]),
+            "hold_reminders": (counts["reminders"] + reminded + their_reminders
+                               + waitlisted["reminders"]),
+            "reminders": counts["attempts"], "waitlisted": waitlisted["sections"]}
 
 
 def _report(broker, duration, started_at, seeded, soaked: Soaked, min_faults,
@@ -280,12 +293,16 @@ def _report(broker, duration, started_at, seeded, soaked: Soaked, min_faults,
     chunks = Chunk.objects.filter(run__in=runs)
     ledger = dict(chunks.values_list("run__policy").annotate(n=Sum("rows_deleted")).order_by())
     holds_now = SeatHold.objects.count()
-    holds_gone = seeded["holds"] + len(log.created) - len(log.released) - holds_now
+    # Holds come from the seeding, the learners and the waitlists' offers, and go by
+    # cleanup, the learners' releases and their leaving the line with an offer.
+    released = log.released | waitlist.released_by_leaving(started_at)
+    holds_made = seeded["holds"] + len(log.created) + waitlist.offers_made()
+    holds_gone = holds_made - len(released) - holds_now
     # The seeded attempts and the poison one; the sender's (each with its Message-ID)
     # are recent, so no purge may touch them: a purge that did shows as a mismatch.
     reminders_gone = (seeded["reminders"] + 1
                       - ReminderAttempt.objects.filter(message_id="").count())
-    kept = (log.renewed | log.confirmed) - log.released
+    kept = (log.renewed | log.confirmed) - released
     lost = len(kept) - SeatHold.objects.filter(pk__in=kept).count()
     completed = runs.filter(policy=EXPIRE_HOLDS).exclude(state=Run.State.RUNNING)
     left_behind = sum(
@@ -297,6 +314,8 @@ def _report(broker, duration, started_at, seeded, soaked: Soaked, min_faults,
     poison = Chunk.objects.filter(run=poison_run).first() if poison_run else None
     once = chunks.exclude(run__policy=POISON_POLICY).filter(deliveries__lt=2).count()
     hits = Counter({kind: injector.hits.get(kind, 0) for kind in faults.KINDS})
+    publisher_faults = soaked.waitlists.faults
+    hits.update({kind: publisher_faults.hits[kind] for kind in publishers.KINDS})
     beating = set(WorkerHeartbeat.objects.filter(beat_at__gte=started_at)
                   .values_list("host", flat=True))
     report = SoakReport(
@@ -331,12 +350,13 @@ def _report(broker, duration, started_at, seeded, soaked: Soaked, min_faults,
             "host_b_database": "through a pooler" if _through_pooler() else "direct",
             "window": {name: window.size(get_policy(name)) for name in peaks},
         },
-        errors=injector.errors,
+        errors=injector.errors + publisher_faults.errors,
     )
     figures = report.figures
     figures["reminders"], reminder_checks = reminders.figures_and_checks(
         log, seeded["hold_reminders"], started_at, soaked.final[MARK_REMINDERS_READY],
         soaked.last_sender_run, soaked.sender_runs)
+    figures["waitlist"], waitlist_checks = soaked.waitlists.figures_and_checks(started_at)
     report.checks = {
         "no renewed or confirmed hold was deleted": lost == 0,
         "no hold eligible at the last completed cutoff was left": left_behind == 0,
@@ -363,6 +383,7 @@ def _report(broker, duration, started_at, seeded, soaked: Soaked, min_faults,
                 if kind not in (faults.CLUSTER_RESTART, faults.POISON))
             and hits[faults.CLUSTER_RESTART] >= 1 and hits[faults.POISON] == 1,
         **reminder_checks,
+        **waitlist_checks,
     }
     if broker == "redis":
         report.checks["the reconciler re-sent lost messages"] = figures["chunks_reconciled"] >= 1

@@ -24,3 +24,7 @@ RESERVATIONS_REMINDER_LEAD_MINUTES = 15 - 10 / 60
 RESERVATIONS_REMINDER_SEND_SECONDS = 2
 # Reminder mails go nowhere; the soak counts the attempts the sender records.
 EMAIL_BACKEND = "django.core.mail.backends.dummy.EmailBackend"
+# An outbox event whose publisher the soak killed is taken again within seconds, not
+# minutes: the soak drains the rest after its faults and checks every event delivered.
+CLEANUP_EVENT_BACKOFF_SECONDS = 1
+CLEANUP_EVENT_BACKOFF_MAX_SECONDS = 8

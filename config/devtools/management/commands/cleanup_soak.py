@@ -10,9 +10,10 @@ from reservations.management.wiping import add_wipe_arguments, exit_on_sigterm
 class Command(BaseCommand):
     help = (
         "Soak the cleanup pipeline: two qcluster subprocesses, live learner traffic, "
-        "reminders falling due, marked and sent, injected faults, then checks. Deletes "
-        "every tenant, section, hold, reminder and reminder attempt first. Uses the "
-        "configured broker (Q_BROKER=redis for Redis)."
+        "reminders falling due, marked and sent, seats freed in full sections offered to "
+        "their waitlists by both clusters' publishers, injected faults, then checks. "
+        "Deletes every tenant, section (with its waitlist), hold, reminder and reminder "
+        "attempt first. Uses the configured broker (Q_BROKER=redis for Redis)."
     )
 
     def add_arguments(self, parser) -> None:
