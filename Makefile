@@ -38,7 +38,7 @@ serve: $(STAMP)
 	$(VENV)/bin/gunicorn config.wsgi --bind $(SERVE_ADDRESS) --workers 2 --access-logfile -
 
 # Development tools (config.devtools, installed only by config.dev_settings): the
-# benchmark of the README's Performance section and the fault-injection soak. Give
+# benchmark of docs/performance.md and the fault-injection soak. Give
 # them a database of their own: both delete all reservation data first.
 DEV := DJANGO_SETTINGS_MODULE=config.dev_settings
 bench: $(STAMP)
