@@ -9,8 +9,7 @@ class ReservationsConfig(AppConfig):
     def ready(self) -> None:
         from django.db.backends.signals import connection_created
 
-        from cleanup.outbox import register
-        from cleanup.scheduling.schedules import register_task
+        from cleanup import register_handler, register_task
         from reservations import checks  # noqa: F401  (registers the system checks)
         from reservations.conf import conf
         from reservations.metrics import register_collector
@@ -21,7 +20,7 @@ class ReservationsConfig(AppConfig):
         register_policies()
         register_collector()
         # Before anything can emit it: an event with no handler is dead at once.
-        register(SEAT_FREED, offer_freed_seat)
+        register_handler(SEAT_FREED, offer_freed_seat)
         register_task("send-reminders", "reservations.reminders.send_ready_reminders",
                       conf.REMINDER_SEND_SCHEDULE)
         connection_created.connect(install_loaders, dispatch_uid="reservations.timestamps")

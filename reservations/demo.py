@@ -17,12 +17,8 @@ from django.db.models import Count
 from django.utils import timezone
 from django_q.tasks import async_task
 
-from cleanup.engine.dispatch import dispatch
-from cleanup.engine.replay import replay
-from cleanup.management.qcluster import Cluster
-from cleanup.models import Chunk, Event, Run
-from cleanup.observability.status import run_summary
-from cleanup.policies import get_policy
+from cleanup import Chunk, Event, Run, dispatch, get_policy, replay, run_summary
+from cleanup import QCluster as Cluster
 from reservations import seeding
 from reservations.models import (
     FreedSeat,

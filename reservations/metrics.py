@@ -14,10 +14,8 @@ from datetime import timedelta
 from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily
 
-from cleanup.conf import conf as cleanup_conf
-from cleanup.observability.backlog import COUNT_CAP as BACKLOG_COUNT_CAP
-from cleanup.observability.backlog import Budget, read_backlog
-from cleanup.scheduling.triggers import period
+from cleanup import BACKLOG_COUNT_CAP, Budget, read_backlog, schedule_period
+from cleanup import engine_settings as cleanup_conf
 from reservations.conf import conf
 from reservations.models import Reminder
 
@@ -29,7 +27,8 @@ UNSENT = (Reminder.State.PENDING, Reminder.State.READY, Reminder.State.SENDING)
 
 def late_limit(now) -> timedelta:
     """How long after its due time a reminder may still be unsent."""
-    return (period(conf.MARK_READY_SCHEDULE, now) + period(conf.REMINDER_SEND_SCHEDULE, now)
+    return (schedule_period(conf.MARK_READY_SCHEDULE, now)
+            + schedule_period(conf.REMINDER_SEND_SCHEDULE, now)
             + timedelta(seconds=cleanup_conf.SCHEDULE_GRACE_SECONDS))
 
 

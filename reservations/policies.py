@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from cleanup.policies import ITEMS, RANGE, Policy, register
+from cleanup import ITEMS, RANGE, Policy, register_policy
 from reservations.conf import conf
 
 EXPIRE_HOLDS = "expire-holds"
@@ -37,7 +37,7 @@ def due_reminders(cutoff: datetime) -> Q:
 
 
 def register_policies() -> None:
-    register(
+    register_policy(
         Policy(
             name=EXPIRE_HOLDS,
             model_label="reservations.SeatHold",
@@ -52,7 +52,7 @@ def register_policies() -> None:
             idempotency_prefix="expire-reservation",
         )
     )
-    register(
+    register_policy(
         Policy(
             name=PURGE_REMINDERS,
             model_label="reservations.ReminderAttempt",
@@ -66,7 +66,7 @@ def register_policies() -> None:
             eligible_after=reminder_retention,
         )
     )
-    register(
+    register_policy(
         Policy(
             name=MARK_REMINDERS_READY,
             model_label="reservations.Reminder",

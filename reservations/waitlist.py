@@ -29,7 +29,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from cleanup.models import Event
+from cleanup import Event
 from reservations.conf import conf
 from reservations.exceptions import (
     AlreadySeated,
