@@ -8,8 +8,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from django.db import connection, transaction
 from django.db.models import Max, Min
@@ -19,53 +17,20 @@ from django_q.brokers import get_broker
 from django_q.models import Task
 from django_q.tasks import async_task
 
-from cleanup.expressions import array_literal
 from cleanup.models import Chunk, Run
 from cleanup.policies import ITEMS, RANGE, Policy
 from config.devtools import MANAGE
 from config.devtools.bench import efficiency
+from config.devtools.bench.handwritten import (
+    handwritten_unnest,
+    two_connections_range,
+    two_connections_unnest,
+)
 from config.devtools.bench.probes import memory_kb, percentile
+from config.devtools.bench.result import Result
 from reservations.models import SeatHold
 
 SETTLED = (Chunk.State.ACKNOWLEDGED, Chunk.State.DEAD_LETTERED)
-
-
-@dataclass
-class Result:
-    name: str
-    label: str
-    rows: int
-    seconds: float
-    extrapolated: bool = False
-    chunks: int | None = None
-    chunk_size: int | None = None  # a pipeline's: the size its run reached
-    first_chunk_size: int | None = None
-    window: int | None = None
-    chunk_p99_ms: float | None = None
-    chunk_max_ms: float | None = None
-    dispatch_seconds: float | None = None
-    dispatcher_rss_mb: float | None = None
-    # The largest resident memory of any of the queue's processes during a pipeline run.
-    worker_rss_mb: float | None = None
-    dispatch_ms_per_chunk: float | None = None
-    # Where a pipeline run's wall time went: until its first chunk started, and the
-    # chunks' transactions summed over the workers.
-    first_chunk_after_s: float | None = None
-    command_to_first_chunk_s: float | None = None
-    in_transactions_s: float | None = None
-    delete_statements: int | None = None
-    # The share of the wall time a chunk statement was executing, and where each
-    # chunk's time went (config.devtools.bench.efficiency).
-    time_efficiency: float | None = None
-    per_chunk_ms: dict | None = None
-    renewals: dict = field(default_factory=dict)
-    # Seconds a vacuum worked on each table during the contender (probes.VacuumProbe).
-    vacuum_seconds: dict = field(default_factory=dict)
-    checks: dict = field(default_factory=dict)
-
-    @property
-    def rows_per_second(self) -> float:
-        return self.rows / self.seconds if self.seconds else 0.0
 
 
 def single_delete(policy: Policy, timeout: float) -> Result:
@@ -119,51 +84,6 @@ def pipeline(scheme: str, label: str):
         )
 
     return contender
-
-
-def handwritten_unnest(policy: Policy, timeout: float) -> Result:
-    """The best hand-written SQL for the items predicate: keyset pages of (id, expiry),
-    each deleted by one ``DELETE ... USING unnest(ids, expiries)`` in its own transaction.
-
-    Pages are as large as the chunks the latest items run reached, for a like-for-like
-    ratio,
-    and the arrays travel as literals as the pipeline's do (see PairsIn).
-    """
-    cutoff = timezone.now()
-    size = Run.objects.filter(policy=policy.name, scheme=ITEMS).latest(
-        "created_at").next_chunk_size
-    page_sql = (
-        f'SELECT id, expires_at FROM "{SeatHold._meta.db_table}" WHERE status = \'held\' '
-        "AND expires_at <= %s AND (expires_at, id) > (%s, %s) ORDER BY expires_at, id LIMIT %s"
-    )
-    delete_sql = (
-        f'DELETE FROM "{SeatHold._meta.db_table}" AS h '
-        "USING unnest(%s::bigint[], %s::timestamptz[]) "
-        "AS planned(id, expires_at) WHERE h.id = planned.id "
-        "AND h.expires_at = planned.expires_at AND h.status = 'held' AND h.expires_at <= %s"
-    )
-    after = (datetime(1, 1, 1, tzinfo=UTC), 0)
-    deleted, durations = 0, []
-    started = time.perf_counter()
-    with connection.cursor() as cursor:
-        while True:
-            cursor.execute(page_sql, [cutoff, *after, size])
-            page = cursor.fetchall()
-            if not page:
-                break
-            begun = time.perf_counter()
-            with transaction.atomic():
-                cursor.execute(delete_sql, [array_literal(pk for pk, _ in page),
-                                            array_literal(e for _, e in page), cutoff])
-                deleted += cursor.rowcount
-            durations.append((time.perf_counter() - begun) * 1000)
-            after = (page[-1][1], page[-1][0])
-    seconds = time.perf_counter() - started
-    durations.sort()
-    return Result("handwritten_unnest", "Hand-written DELETE ... USING unnest", deleted,
-                  seconds, chunks=len(durations), chunk_size=size,
-                  chunk_p99_ms=round(percentile(durations, 99), 1),
-                  chunk_max_ms=round(durations[-1], 1))
 
 
 def one_task_per_row(sample: int):
@@ -229,9 +149,10 @@ def _wait(done, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
-# The contenders of a range-only run (--only range): the one DELETE and the range runs.
+# The contenders of a range-only run (--only range): the one DELETE, the range runs and
+# their limit.
 RANGE_ONLY = ("single_delete", "pipeline_range_first", "pipeline_range_second",
-              "pipeline_range")
+              "pipeline_range", "two_connections_range")
 
 
 def contenders(per_row_sample: int, *, only: str | None = None) -> dict:
@@ -240,15 +161,18 @@ def contenders(per_row_sample: int, *, only: str | None = None) -> dict:
     Each pipeline scheme first runs with its starting chunk size (nothing learned yet),
     then with the size learned from the runs before, as a policy scheduled every minute
     does. Range runs three times: learning from 500-row chunks, whose fixed costs weigh
-    most, undershoots once.
+    most, undershoots once. Each scheme's two-connection limit runs right after its
+    latest run, at the size that run reached.
     """
     every = {
         "single_delete": single_delete,
         "pipeline_range_first": pipeline(RANGE, "Pipeline, range, first run"),
         "pipeline_range_second": pipeline(RANGE, "Pipeline, range, second run"),
         "pipeline_range": pipeline(RANGE, "Pipeline, range, third run"),
+        "two_connections_range": two_connections_range,
         "pipeline_items_first": pipeline(ITEMS, "Pipeline, items, first run"),
         "pipeline_items": pipeline(ITEMS, "Pipeline, items, second run"),
+        "two_connections_unnest": two_connections_unnest,
         "handwritten_unnest": handwritten_unnest,
         "one_task_per_row": one_task_per_row(per_row_sample),
     }

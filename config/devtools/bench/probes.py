@@ -1,5 +1,6 @@
 """Learners renewing holds while a contender cleans, each renewal timed; how long a
-vacuum worked on the tables meanwhile; and the queue's processes' peak memory."""
+vacuum worked on the tables meanwhile; the queue's processes' peak memory; and the WAL
+the server wrote."""
 
 from __future__ import annotations
 
@@ -173,3 +174,20 @@ def percentile(ordered: list[float], pct: float) -> float:
     """The nearest-rank percentile of an ascending list."""
     rank = max(1, -(-len(ordered) * pct // 100))
     return ordered[int(rank) - 1]
+
+
+def wal_position() -> str:
+    """The server's current WAL write position, ``pg_current_wal_lsn()``."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_wal_lsn()::text")
+        return cursor.fetchone()[0]
+
+
+def wal_written(since: str) -> int:
+    """Bytes of WAL the server wrote since the position ``since``: every database's and
+    every session's (PostgreSQL 15 counts WAL for the whole server only), full-page
+    images included."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)::bigint",
+                       [since])
+        return cursor.fetchone()[0]

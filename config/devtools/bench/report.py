@@ -9,12 +9,18 @@ from config.devtools.bench import targets
 from config.devtools.bench.efficiency import PARTS
 
 BASELINE = Path(__file__).with_name("baseline.json")
+# The headline: each pipeline run against its scheme's two-connection limit.
+HEADLINE = {"range_to_limit": "range first run", "range_third_run_to_limit": "third run",
+            "items_to_limit": "items first run", "items_second_run_to_limit": "second run"}
 SHORT_LABELS = {"single_delete": "One\nDELETE", "pipeline_range_first": "Range\nfirst run",
                 "pipeline_range_second": "Range\nsecond run", "pipeline_range": "Range\nthird run",
                 "pipeline_items_first": "Items\nfirst run",
                 "pipeline_items": "Items\nsecond run", "handwritten_unnest": "Hand-written\nunnest",
-                "one_task_per_row": "Task per row\n(extrapolated)"}
+                "one_task_per_row": "Task per row\n(extrapolated)",
+                "two_connections_range": "Range\nlimit\n(2 conn.)",
+                "two_connections_unnest": "Items\nlimit\n(2 conn.)"}
 COLOURS = {"single_delete": "#555555", "handwritten_unnest": "#999999",
+           "two_connections_range": "#1f3b57", "two_connections_unnest": "#1f3b57",
            "one_task_per_row": "#d08030", "pipeline_range_first": "#9cc3e0",
            "pipeline_items_first": "#9cc3e0", "pipeline_range_second": "#6aa8d8"}
 
@@ -28,18 +34,20 @@ def table(report: dict) -> str:
         f"{report['machine']['cpus']} CPUs, PostgreSQL {report['machine']['postgresql']}, "
         f"{report['machine']['broker']} broker, chunk budget "
         f"{report['machine']['chunk_budget_ms']} ms",
+        *_headline(report),
         "",
         f"{'contender':<34}{'rows':>10}{'wall s':>9}{'rows/s':>10}{'x DELETE':>9}"
-        f"{'size':>14}{'chunk p99':>10}{'max ms':>9}{'1st chunk s':>12}{'RSS MB':>8}"
+        f"{'x limit':>8}{'size':>14}{'chunk p99':>10}{'max ms':>9}{'1st chunk s':>12}{'RSS MB':>8}"
         f"{'wkr MB':>8}  "
         f"{'renewal p50/p99 ms':>34}",
-        f"{'':<133}{'untouched':>15}{'being cleaned':>20}",
+        f"{'':<141}{'untouched':>15}{'being cleaned':>20}",
     ]
     for row in report["results"]:
         wall = row["extrapolated_seconds"] if row["extrapolated"] else row["seconds"]
         lines.append(
             f"{row['label']:<34}{_n(row['rows'])}{wall:>9.2f}{row['rows_per_second']:>10,}"
-            f"{row['ratio_to_single_delete']:>9.3f}{_size(row):>14}"
+            f"{row['ratio_to_single_delete']:>9.3f}{_ratio(row.get('ratio_to_limit'))}"
+            f"{_size(row):>14}"
             f"{_ms(row['chunk_p99_ms'])}"
             f"{_ms(row['chunk_max_ms'], 9)}{_s(row.get('command_to_first_chunk_s'), 12)}"
             f"{_ms(row['dispatcher_rss_mb'], 8)}{_ms(row.get('worker_rss_mb'), 8)}  "
@@ -59,9 +67,10 @@ def table(report: dict) -> str:
         lines.append(f"{row['label']:<34}{row['time_efficiency']:>11.1%}" + "".join(
             f"{spent[part]['p50']:>9.1f}/{spent[part]['p95']:<6.1f}" if part in spent
             else f"{'-':>16}" for part in PARTS) + f"{_vacuumed(row):>16}")
+    lines += _wal(report)
     lines += [
         "",
-        f"{'idle (nothing cleaning)':<133}{_pair(idle['untouched']):>15}"
+        f"{'idle (nothing cleaning)':<141}{_pair(idle['untouched']):>15}"
         f"{_pair(idle['cleaned']):>20}",
         "",
         "Wall time of the one-task-per-row row is extrapolated from its sample of "
@@ -69,7 +78,8 @@ def table(report: dict) -> str:
         "Size: a pipeline run's first chunks -> the size it reached; 1st chunk s: from "
         "the dispatch command's start to its first chunk's start; RSS MB: the dispatch "
         "command's peak; wkr MB: the largest of the queue's processes during the run; window "
-        f"{report['machine'].get('window', '-')} chunks in flight.",
+        f"{report['machine'].get('window', '-')} chunks in flight; x limit: a pipeline run's "
+        "rate over its scheme's two-connection limit's.",
         "Ratios: " + "; ".join(f"{name} {value:.3f}"
                                for name, value in report["ratios"].items()),
     ]
@@ -113,18 +123,19 @@ def draw(report: dict, path: Path) -> None:
     from matplotlib import pyplot
 
     rows = report["results"]
-    labels = [SHORT_LABELS.get(row["name"], row["name"]) for row in rows]
-    figure, (throughput, latency) = pyplot.subplots(1, 2, figsize=(14, 5.5))
+    # Eleven groups of labels share the width of seven: the longest break more.
+    labels = [SHORT_LABELS.get(row["name"], row["name"]).replace(
+        "Hand-written\n", "Hand-\nwritten\n") for row in rows]
+    figure, (throughput, latency) = pyplot.subplots(1, 2, figsize=(16, 6))
     bars = throughput.bar(labels, [row["rows_per_second"] for row in rows],
                           color=[COLOURS.get(row["name"], "#2a7ab0") for row in rows])
-    throughput.bar_label(bars, labels=[f"{row['ratio_to_single_delete']:.2g}x" for row in rows])
+    throughput.bar_label(bars, labels=[_bar_label(row) for row in rows], fontsize=8)
     throughput.set_yscale("log")
     throughput.set_ylabel("rows deleted per second (log)")
-    throughput.set_title("Throughput (label: ratio to one DELETE)")
+    throughput.set_title("Throughput (label: ratio to one DELETE; a pipeline run's also to\n"
+                         "its scheme's two-connection limit, the dark bar after its runs)")
 
     groups = [*labels, "idle"]
-    # Nine groups of labels share the width of seven: break the longest one more.
-    groups = [label.replace("Hand-written\n", "Hand-\nwritten\n") for label in groups]
     renewals = [row["renewals"] for row in rows] + [report["idle_renewals"]]
     width = 0.38
     for offset, kind, colour, legend in (
@@ -139,7 +150,7 @@ def draw(report: dict, path: Path) -> None:
     latency.set_ylabel("renewal latency p99, ms (log)")
     latency.set_title("Concurrent hold renewals")
     latency.legend()
-    throughput.tick_params(axis="x", labelsize=8)
+    throughput.tick_params(axis="x", labelsize=7)
     latency.tick_params(axis="x", labelsize=7)
     preset = report["preset"]
     figure.suptitle(f"cleanup_bench {preset['name']}: {preset['expired']:,} expired among "
@@ -198,6 +209,50 @@ def record_baseline(report: dict) -> None:
 
 def _baselines() -> dict:
     return json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
+
+
+def _headline(report: dict) -> list[str]:
+    """Each pipeline run's rate over its limit's, and the most WAL a pipeline run wrote
+    a row over one DELETE's."""
+    ratios = report["ratios"]
+    shown = [f"{label} {ratios[name]:.3f}x" for name, label in HEADLINE.items()
+             if name in ratios]
+    lines = ["Headline, to the two-connection limit: " + ", ".join(shown)] if shown else []
+    wal = [row for row in report["results"] if row["name"].startswith("pipeline")
+           and row.get("wal_per_row_to_single_delete")]
+    if wal:
+        worst = max(wal, key=lambda row: row["wal_per_row_to_single_delete"])
+        lines.append(f"WAL per row, at most {worst['wal_per_row_to_single_delete']:.3f}x "
+                     f"one DELETE's ({worst['label']})")
+    return lines
+
+
+def _wal(report: dict) -> list[str]:
+    """Each contender's WAL, in all and per row deleted."""
+    rows = [row for row in report["results"] if row.get("wal_bytes") is not None]
+    if not rows:
+        return []
+    idle = report.get("idle_wal_bytes_per_second")
+    lines = ["", "WAL the server wrote during each contender (pg_current_wal_lsn before and "
+             "after; the full-page image of each page first changed after the restore's "
+             "CHECKPOINT included; the renewals' and any other database's too"
+             + (f": {idle / 1024:,.0f} kB/s idle" if idle is not None else "") + "):",
+             f"{'':<34}{'WAL MB':>10}{'bytes/row':>11}{'x DELETE':>10}"]
+    for row in rows:
+        lines.append(f"{row['label']:<34}{row['wal_bytes'] / 2**20:>10,.1f}"
+                     f"{_ms(row['wal_bytes_per_row'], 11)}"
+                     f"{_ratio(row['wal_per_row_to_single_delete'], 10)}")
+    return lines
+
+
+def _bar_label(row: dict) -> str:
+    ratio = f"{row['ratio_to_single_delete']:.2g}x"
+    return ratio if row.get("ratio_to_limit") is None else (
+        f"{ratio}\n{row['ratio_to_limit']:.2f}x limit")
+
+
+def _ratio(value, width: int = 8) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.3f}"
 
 
 def _vacuumed(row: dict) -> str:

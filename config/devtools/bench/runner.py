@@ -21,7 +21,7 @@ from cleanup.engine import window
 from cleanup.models import Chunk, Run
 from cleanup.policies import get_policy
 from config.devtools.bench import data, targets
-from config.devtools.bench.contenders import Result, cluster_ready, contenders
+from config.devtools.bench.contenders import cluster_ready, contenders
 from config.devtools.bench.probes import (
     CLEANED,
     UNTOUCHED,
@@ -30,7 +30,10 @@ from config.devtools.bench.probes import (
     VacuumProbe,
     sample_ids,
     summary,
+    wal_position,
+    wal_written,
 )
+from config.devtools.bench.result import Result
 from config.devtools.processes import Cluster, descendants
 from reservations.models import Reminder, SeatHold
 from reservations.policies import EXPIRE_HOLDS
@@ -65,8 +68,11 @@ def run_bench(preset: data.Preset, *, timeout: float, say: Callable[[str], None]
         load.start()
         if cpu_load:
             say(f"{cpu_load} CPU-bound process{'es' if cpu_load > 1 else ''} running beside.")
-        # Measured with the idle cluster polling, as during every contender.
+        # Measured with the idle cluster polling, as during every contender; the WAL
+        # meanwhile is the renewals' and whatever else the server runs.
+        wal_from, idle_from = wal_position(), time.perf_counter()
         idle = _idle_renewals(preset.idle_seconds)
+        idle_wal = wal_written(wal_from) / (time.perf_counter() - idle_from)
         say(f"Idle renewals: p99 {idle[UNTOUCHED]['p99_ms']} ms (untouched), "
             f"{idle[CLEANED]['p99_ms']} ms (expired).")
         for name, contender in contenders(preset.per_row_sample, only=only).items():
@@ -88,8 +94,9 @@ def run_bench(preset: data.Preset, *, timeout: float, say: Callable[[str], None]
                 cluster.stop()
             finally:
                 data.drop_template()
-    return _report(preset, policy, idle, results) | {"reminders": reminders,
-                                                     "cpu_load": cpu_load, "only": only}
+    return _report(preset, policy, idle, results) | {
+        "idle_wal_bytes_per_second": round(idle_wal), "reminders": reminders,
+        "cpu_load": cpu_load, "only": only}
 
 
 class CpuLoad:
@@ -124,8 +131,11 @@ def _measure(contender, policy, timeout: float, cluster: Cluster) -> Result:
     memory = MemoryProbe(lambda: descendants(cluster.process.pid))
     for probe in [*probes, vacuums, memory]:
         probe.start()
+    # After the restore's CHECKPOINT: each page's first change writes its full image.
+    wal_from = wal_position()
     try:
         result = contender(policy, timeout)
+        result.wal_bytes = wal_written(wal_from)
     finally:
         vacuumed = vacuums.stop()
         worker_mb = memory.stop()
@@ -176,11 +186,19 @@ def _idle_renewals(seconds: float) -> dict:
 
 def _report(preset, policy, idle: dict, results: list[Result]) -> dict:
     by_name = {result.name: result for result in results}
-    limit = by_name["single_delete"].rows_per_second
+    one_delete = by_name["single_delete"]
     rows = []
     for result in results:
         row = asdict(result) | {"rows_per_second": round(result.rows_per_second)}
-        row["ratio_to_single_delete"] = round(result.rows_per_second / limit, 4)
+        row["ratio_to_single_delete"] = round(result.rows_per_second
+                                              / one_delete.rows_per_second, 4)
+        limit = by_name.get(limit_of(result.name))
+        row["ratio_to_limit"] = (round(result.rows_per_second / limit.rows_per_second, 4)
+                                 if limit else None)
+        row["wal_bytes_per_row"] = _rounded(result.wal_bytes_per_row, 1)
+        row["wal_per_row_to_single_delete"] = (
+            _rounded(result.wal_bytes_per_row / one_delete.wal_bytes_per_row, 4)
+            if result.wal_bytes_per_row and one_delete.wal_bytes_per_row else None)
         if result.extrapolated:
             row["extrapolated_seconds"] = round(preset.expired / result.rows_per_second, 1)
         rows.append(row)
@@ -209,12 +227,25 @@ def _report(preset, policy, idle: dict, results: list[Result]) -> dict:
     return report | {"targets": targets.as_dicts(targets.judge(report))}
 
 
-RATIOS = {  # name: (contender, reference)
+RATIOS = {  # name: (contender, reference); the headline, each run to its limit, first
+    "range_to_limit": ("pipeline_range_first", "two_connections_range"),
+    "range_third_run_to_limit": ("pipeline_range", "two_connections_range"),
+    "items_to_limit": ("pipeline_items_first", "two_connections_unnest"),
+    "items_second_run_to_limit": ("pipeline_items", "two_connections_unnest"),
     "range_to_single_delete": ("pipeline_range_first", "single_delete"),
     "range_third_run_to_single_delete": ("pipeline_range", "single_delete"),
     "items_to_handwritten_unnest": ("pipeline_items_first", "handwritten_unnest"),
     "items_second_run_to_handwritten_unnest": ("pipeline_items", "handwritten_unnest"),
 }
+# Each scheme's pipeline runs (by the start of their name) and the limit of two
+# connections running its statements with nothing else to do.
+LIMITS = {"pipeline_range": "two_connections_range",
+          "pipeline_items": "two_connections_unnest"}
+
+
+def limit_of(name: str) -> str | None:
+    """The limit contender a pipeline run is measured against; None for the others."""
+    return next((limit for runs, limit in LIMITS.items() if name.startswith(runs)), None)
 
 
 def _ratios(by_name: dict) -> dict:
@@ -223,3 +254,7 @@ def _ratios(by_name: dict) -> dict:
                         / by_name[reference].rows_per_second, 4)
             for name, (contender, reference) in RATIOS.items()
             if contender in by_name and reference in by_name}
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)

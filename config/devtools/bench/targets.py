@@ -16,6 +16,12 @@ ITEMS_RUNS = ("pipeline_items_first", "pipeline_items")
 # The targets, as the performance issue set them.
 RANGE_EFFICIENCY = 0.90
 ITEMS_EFFICIENCY = 0.85
+# Against each scheme's limit, two connections running its statements with nothing else
+# to do: the headline.
+RANGE_FIRST_TO_LIMIT = 0.95
+RANGE_THIRD_TO_LIMIT = 0.98
+ITEMS_TO_LIMIT = 0.95
+WAL_PER_ROW = 1.15
 RANGE_FIRST_RATIO = 0.9
 RANGE_THIRD_RATIO = 1.0
 ITEMS_RATIO = 1.2
@@ -47,6 +53,12 @@ def judge(report: dict) -> list[Verdict]:
     ratios = report["ratios"]
     verdicts = []
     for name, run, required, label in (
+        ("range_to_limit", "pipeline_range_first", RANGE_FIRST_TO_LIMIT,
+         "range first run >= {}x its two-connection limit"),
+        ("range_third_run_to_limit", "pipeline_range", RANGE_THIRD_TO_LIMIT,
+         "range third run >= {}x its two-connection limit"),
+        ("items_to_limit", "pipeline_items_first", ITEMS_TO_LIMIT,
+         "items first run >= {}x its two-connection limit"),
         ("range_to_single_delete", "pipeline_range_first", RANGE_FIRST_RATIO,
          "range first run >= {}x one DELETE"),
         ("range_third_run_to_single_delete", "pipeline_range", RANGE_THIRD_RATIO,
@@ -66,6 +78,17 @@ def judge(report: dict) -> list[Verdict]:
                                       min(efficiencies), required, "%",
                                       why=_why(runs, names)))
     pipelines = [row for row in report["results"] if row["name"].startswith("pipeline")]
+    wal = [row for row in pipelines if row.get("wal_per_row_to_single_delete")]
+    if wal:
+        worst = max(wal, key=lambda row: row["wal_per_row_to_single_delete"])
+        verdicts.append(_at_most(
+            f"pipeline runs' WAL per row <= {WAL_PER_ROW}x one DELETE's",
+            worst["wal_per_row_to_single_delete"], WAL_PER_ROW, "x",
+            # The renewals racing a run write WAL for as long as it runs.
+            why=f"the most: {worst['label']}, {worst['wal_bytes_per_row']:,.0f} bytes a row; "
+                + ", ".join(f"{row['name']} {row['wal_per_row_to_single_delete']:.3f}x in "
+                            f"{row['seconds']:.1f} s" for row in wal)
+                + f" (one DELETE in {runs['single_delete']['seconds']:.1f} s)"))
     if pipelines:
         worst = max(row["chunk_p99_ms"] for row in pipelines)
         verdicts.append(_at_most(f"chunk p99 <= {CHUNK_P99_MS} ms", worst, CHUNK_P99_MS, " ms"))

@@ -14,9 +14,10 @@ from reservations.management.wiping import add_wipe_arguments, exit_on_sigterm
 class Command(BaseCommand):
     help = (
         "Benchmark the cleanup pipeline (range and items schemes, real qcluster) against "
-        "one set-based DELETE, hand-written DELETE ... USING unnest, and one task per row, "
-        "on the same seeded holds, with renewals racing each. Deletes every tenant, "
-        "section, hold and reminder attempt first."
+        "one set-based DELETE, each scheme's limit (two connections running its statements "
+        "with nothing else to do), hand-written DELETE ... USING unnest, and one task per "
+        "row, on the same seeded holds, with renewals racing each; with each contender's "
+        "WAL. Deletes every tenant, section, hold and reminder attempt first."
     )
 
     def add_arguments(self, parser) -> None:
@@ -31,9 +32,9 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, default=1800,
                             help="Seconds to wait for any one contender.")
         parser.add_argument("--check-baseline", action="store_true",
-                            help="Fail if any ratio (range first and third run to one "
-                            "DELETE, items runs to the hand-written loop) is below half of "
-                            "the recorded one.")
+                            help="Fail if any ratio recorded for the preset (range first "
+                            "and third run to one DELETE, items runs to the hand-written "
+                            "loop) is below half of the recorded one.")
         parser.add_argument("--record-baseline", action="store_true",
                             help="Record this run's ratios as the preset's baseline "
                             "(kept apart for --without-reminders).")
@@ -42,8 +43,9 @@ class Command(BaseCommand):
                                  "engine alone (the product deletes a hold's reminder with "
                                  "it).")
         parser.add_argument("--only", choices=["range"],
-                            help="range: only the one DELETE and the three range runs (for "
-                                 "the larger presets, where the items runs take long).")
+                            help="range: only the one DELETE, the three range runs and their "
+                                 "two-connection limit (for the larger presets, where the "
+                                 "items runs take long).")
         parser.add_argument("--cpu-load", type=int, default=0, metavar="N",
                             help="Run N CPU-bound processes beside every contender, to "
                                  "measure the pipeline on a busy host (default 0).")
