@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import math
 
-from django.conf import settings
 from django.core import checks
 from django.db import DEFAULT_DB_ALIAS, router
 from django.db.models.deletion import Collector
 from django.utils import timezone
 
-from cleanup.conf import (
-    conf,
-    invalid_metrics_networks,
-    metrics_networks,
-)
+from cleanup.conf import conf
 from cleanup.exceptions import CleanupError
+from cleanup.observability.views import invalid_metrics_networks, metrics_networks
 from cleanup.policies import RANGE, all_policies
 from cleanup.rules import SETTING_RULES, SIZING_RULES, WINDOW_RULE, number
 
@@ -23,8 +19,8 @@ from cleanup.rules import SETTING_RULES, SIZING_RULES, WINDOW_RULE, number
 @checks.register(checks.Tags.database, checks.Tags.compatibility)
 def check_queue_settings(app_configs=None, **kwargs):
     errors = []
-    q_cluster = getattr(settings, "Q_CLUSTER", {})
-    timeout, retry = q_cluster.get("timeout"), q_cluster.get("retry", 60)
+    q_cluster = conf.q_cluster
+    timeout, retry = q_cluster.timeout, q_cluster.retry
     if not timeout or timeout >= retry:
         errors.append(
             checks.Error(
@@ -34,18 +30,17 @@ def check_queue_settings(app_configs=None, **kwargs):
                 id="cleanup.E001",
             )
         )
-    if q_cluster.get("orm") not in (None, DEFAULT_DB_ALIAS):
+    if q_cluster.orm not in (None, DEFAULT_DB_ALIAS):
         errors.append(
             checks.Error(
-                f"Q_CLUSTER orm is {q_cluster.get('orm')!r}; it must be the models' alias "
+                f"Q_CLUSTER orm is {q_cluster.orm!r}; it must be the models' alias "
                 f"{DEFAULT_DB_ALIAS!r}.",
                 hint="Runs, chunks and their messages commit in one transaction only on one "
                 "alias, and schedules on another alias fire on every scheduler pass.",
                 id="cleanup.E002",
             )
         )
-    errors += _sizing_errors()
-    if q_cluster.get("catch_up", True):
+    if q_cluster.catch_up:
         errors.append(
             checks.Warning(
                 "Q_CLUSTER catch_up is on: after an outage one run is started per missed slot.",
@@ -90,15 +85,15 @@ def check_window(app_configs=None, **kwargs):
 
 @checks.register()
 def check_settings(app_configs=None, **kwargs):
-    """Check the CLEANUP_* settings the checks above leave out, then the retry budget."""
-    errors = [error for rule in SETTING_RULES for error in rule.errors()]
-    return errors + _retry_budget_warnings()
+    """Check the CLEANUP_* settings the checks above leave out, then the chunk-size
+    bounds against each other and the retry budget."""
+    errors = [error for rule in (*SETTING_RULES, *SIZING_RULES) for error in rule.errors()]
+    return errors + _chunk_bound_errors() + _retry_budget_warnings()
 
 
-def _sizing_errors() -> list[checks.Error]:
-    errors = [error for rule in SIZING_RULES for error in rule.errors()]
-    if errors:
-        return errors
+def _chunk_bound_errors() -> list[checks.Error]:
+    if any(rule.errors() for rule in SIZING_RULES):
+        return []  # cleanup.E036 to E039 name them
     low, items_high, range_high = (
         conf.MIN_ROWS_PER_CHUNK, conf.MAX_ITEMS_PER_CHUNK, conf.MAX_RANGE_ROWS_PER_CHUNK
     )
@@ -123,7 +118,7 @@ def _retry_budget_warnings() -> list[checks.Warning]:
     A warning, not an error: it is a worst case, and tests and drills run short task
     timeouts on purpose.
     """
-    timeout = getattr(settings, "Q_CLUSTER", {}).get("timeout")
+    timeout = conf.q_cluster.timeout
     if not number(timeout) or timeout <= 0:
         return []  # cleanup.E001 names a missing or wrong timeout
     names = ("TRANSIENT_RETRIES", "TRANSIENT_BACKOFF", "LOCK_TIMEOUT_MS")

@@ -1,11 +1,9 @@
-"""The engine's settings: one typed property per CLEANUP_* setting, read on every access."""
+"""The engine's settings: one typed property per CLEANUP_* setting, and the keys of
+django-q2's Q_CLUSTER it relies on (``conf.q_cluster``), each read on every access."""
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping
-from datetime import timedelta
-from functools import lru_cache
 from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
@@ -24,6 +22,8 @@ class Settings:
 
     def __init__(self, source: Any = settings) -> None:
         self._source = source
+        # Not a CLEANUP_* setting, so not a property: names() lists those alone.
+        self.q_cluster = QueueSettings(source)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -220,70 +220,41 @@ class Settings:
         return self._read("EVENT_BACKOFF_MAX_SECONDS", 600)
 
 
+class QueueSettings:
+    """The keys of django-q2's ``Q_CLUSTER`` the engine relies on, as ``conf.q_cluster``.
+
+    Read on every access, like the CLEANUP_* settings, with django-q2's own defaults.
+    The system checks cleanup.E001, cleanup.E002 and cleanup.W001 judge the values.
+    """
+
+    def __init__(self, source: Any = settings) -> None:
+        self._source = source
+
+    def _read(self, key: str, default: Any) -> Any:
+        return getattr(self._source, "Q_CLUSTER", {}).get(key, default)
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds a task may run before django-q2 ends it; None when unset."""
+        return self._read("timeout", None)
+
+    @property
+    def retry(self) -> float:
+        """Seconds after which the broker hands an unacknowledged task out again."""
+        return self._read("retry", 60)
+
+    @property
+    def orm(self) -> str | None:
+        """The database alias of the ORM broker; None for another broker."""
+        return self._read("orm", None)
+
+    @property
+    def catch_up(self) -> bool:
+        """Whether the scheduler starts one run per slot missed during an outage."""
+        return self._read("catch_up", True)
+
+
 conf = Settings()
 # Read-only: the defaults live in the properties above.
 DEFAULTS: Mapping[str, Any] = MappingProxyType(Settings.defaults())
 
-
-class PrefixedSettings:
-    """Attribute access to <PREFIX>_<NAME> in settings, falling back to defaults.
-
-    Read on every access, so the pytest ``settings`` fixture and override_settings work.
-    The host project's product app (reservations/conf.py) reads its settings with it.
-    """
-
-    def __init__(self, prefix: str, defaults: dict):
-        self._prefix = prefix
-        self._defaults = defaults
-
-    def __getattr__(self, name: str):
-        if name.startswith("_") or name not in self._defaults:
-            raise AttributeError(name)
-        return getattr(settings, f"{self._prefix}_{name}", self._defaults[name])
-
-
-def metrics_networks() -> tuple:
-    """The networks allowed to scrape /metrics, parsed once per value of the setting.
-
-    Entries are stripped; one that is not a network is left out (and named by system
-    check cleanup.E007), and so is a setting that is no list (cleanup.E022), so a typo
-    never turns a scrape into an error.
-    """
-    return parse_networks(_entries(conf.METRICS_ALLOWED_NETWORKS))[0]
-
-
-def network_list(setting: Any) -> bool:
-    """Whether the setting has a shape METRICS_ALLOWED_NETWORKS may take."""
-    return isinstance(setting, str | list | tuple | set | frozenset)
-
-
-def _entries(setting: Any) -> tuple[str, ...]:
-    if not network_list(setting):
-        return ()
-    if isinstance(setting, str):
-        setting = setting.split(",")
-    return tuple(str(entry).strip() for entry in setting if str(entry).strip())
-
-
-@lru_cache(maxsize=16)
-def parse_networks(entries: tuple[str, ...]) -> tuple[tuple, tuple[str, ...]]:
-    """Return (networks, entries that are not networks); host bits count as a mistake."""
-    networks, invalid = [], []
-    for entry in entries:
-        try:
-            networks.append(ipaddress.ip_network(entry))
-        except ValueError:
-            invalid.append(entry)
-    return tuple(networks), tuple(invalid)
-
-
-def invalid_metrics_networks() -> tuple[str, ...]:
-    """The entries of METRICS_ALLOWED_NETWORKS that are not networks."""
-    return parse_networks(_entries(conf.METRICS_ALLOWED_NETWORKS))[1]
-
-
-def lease() -> timedelta:
-    """How long a chunk may go without finishing before it counts as stalled: the
-    broker's redelivery lease plus the task timeout."""
-    q_cluster = getattr(settings, "Q_CLUSTER", {})
-    return timedelta(seconds=q_cluster.get("retry", 60) + q_cluster.get("timeout", 0))

@@ -11,7 +11,7 @@ from typing import Any
 from django.core import checks
 from django.utils.module_loading import import_string
 
-from cleanup.conf import DEFAULTS, PREFIX, conf, network_list
+from cleanup.conf import DEFAULTS, PREFIX, conf
 
 # PostgreSQL's integer settings (lock_timeout, in milliseconds) stop at INT_MAX.
 PG_INT_MAX = 2_147_483_647
@@ -37,6 +37,11 @@ def whole(value: Any) -> bool:
 def number(value: Any) -> bool:
     """Whether the value is a finite int or float (not a bool)."""
     return (whole(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def network_list(value: Any) -> bool:
+    """Whether the value has a shape METRICS_ALLOWED_NETWORKS may take."""
+    return isinstance(value, str | list | tuple | set | frozenset)
 
 
 def indicator_paths(value: Any) -> bool:
@@ -72,21 +77,22 @@ class Rule:
         ]
 
 
-# The chunk-sizing settings, each on its own, before their bounds are compared.
+# The chunk-sizing settings, each on its own, before their bounds are compared (the
+# floor above a ceiling is cleanup.E006, in cleanup.checks).
 SIZING_RULES = (
-    Rule("CHUNK_BUDGET_MS", "cleanup.E006",
+    Rule("CHUNK_BUDGET_MS", "cleanup.E036",
          f"a number of milliseconds from 0 (off) to {MAX_CHUNK_BUDGET_MS}",
          "Set the transaction time a learned chunk should take, or 0 to always use the "
          "policy's chunk_size; a chunk's transaction holds learners' rows that long.",
          lambda value: number(value) and 0 <= value <= MAX_CHUNK_BUDGET_MS),
     *(
-        Rule(name, "cleanup.E006", "a whole number of rows, at least 1",
+        Rule(name, id_, "a whole number of rows, at least 1",
              f"Set the {bound} rows a learned {kind} may hold.",
              lambda value: whole(value) and value >= 1)
-        for name, bound, kind in (
-            ("MIN_ROWS_PER_CHUNK", "fewest", "chunk size"),
-            ("MAX_ITEMS_PER_CHUNK", "most", "items chunk"),
-            ("MAX_RANGE_ROWS_PER_CHUNK", "most", "range chunk"),
+        for name, id_, bound, kind in (
+            ("MIN_ROWS_PER_CHUNK", "cleanup.E037", "fewest", "chunk size"),
+            ("MAX_ITEMS_PER_CHUNK", "cleanup.E038", "most", "items chunk"),
+            ("MAX_RANGE_ROWS_PER_CHUNK", "cleanup.E039", "most", "range chunk"),
         )
     ),
 )
@@ -125,13 +131,14 @@ SETTING_RULES = (
          "than half of them dead-lettered holds it until an operator resumes it.",
          lambda value: whole(value) and 2 <= value <= 10_000),
     *(
-        Rule(name, "cleanup.E027", f"a whole number of milliseconds from 1 to {PG_INT_MAX}",
+        Rule(name, id_, f"a whole number of milliseconds from 1 to {PG_INT_MAX}",
              f"Set how long {what}; PostgreSQL reads 0 as no limit, which lets a frozen "
              "process hold learners' rows for good.",
              lambda value: whole(value) and 1 <= value <= PG_INT_MAX)
-        for name, what in (
-            ("STATEMENT_TIMEOUT_MS", "one statement of a chunk's transaction may run"),
-            ("IDLE_IN_TRANSACTION_TIMEOUT_MS",
+        for name, id_, what in (
+            ("STATEMENT_TIMEOUT_MS", "cleanup.E027",
+             "one statement of a chunk's transaction may run"),
+            ("IDLE_IN_TRANSACTION_TIMEOUT_MS", "cleanup.E040",
              "a chunk's transaction may sit idle before the server ends its session"),
         )
     ),
@@ -215,3 +222,6 @@ SETTING_RULES = (
         )
     ),
 )
+
+# Every setting's one rule: check_window judges WINDOW_RULE, check_settings the others.
+RULES = (*SETTING_RULES, *SIZING_RULES, WINDOW_RULE)

@@ -1,6 +1,25 @@
 """The product's settings under RESERVATIONS_*."""
 
-from cleanup.conf import PrefixedSettings
+from __future__ import annotations
+
+from django.conf import settings
+
+
+class PrefixedSettings:
+    """Attribute access to <PREFIX>_<NAME> in settings, falling back to defaults.
+
+    Read on every access, so the pytest ``settings`` fixture and override_settings work.
+    """
+
+    def __init__(self, prefix: str, defaults: dict):
+        self._prefix = prefix
+        self._defaults = defaults
+
+    def __getattr__(self, name: str):
+        if name.startswith("_") or name not in self._defaults:
+            raise AttributeError(name)
+        return getattr(settings, f"{self._prefix}_{name}", self._defaults[name])
+
 
 conf = PrefixedSettings(
     "RESERVATIONS",

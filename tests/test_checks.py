@@ -24,8 +24,7 @@ from cleanup.policies import get_policy, register
 from tests.conftest import ROOT
 
 # The checks that read CLEANUP_* settings, and the id that refuses each setting's type.
-SETTING_CHECKS = (check_queue_settings, check_settings, check_window, check_metrics_networks,
-                  check_metrics_access)
+SETTING_CHECKS = (check_settings, check_window, check_metrics_networks, check_metrics_access)
 CHECKED_BY = {
     "MAX_UNFINISHED_DELIVERIES": "cleanup.E013",
     "TRANSIENT_RETRIES": "cleanup.E014",
@@ -37,17 +36,17 @@ CHECKED_BY = {
     "HEARTBEAT_STALE_SECONDS": "cleanup.E018",
     "LEDGER_RETENTION_DAYS": "cleanup.E019",
     "TASK_RESULT_RETENTION_DAYS": "cleanup.E020",
-    "CHUNK_BUDGET_MS": "cleanup.E006",
-    "MIN_ROWS_PER_CHUNK": "cleanup.E006",
+    "CHUNK_BUDGET_MS": "cleanup.E036",
+    "MIN_ROWS_PER_CHUNK": "cleanup.E037",
     "WINDOW": "cleanup.E011",
-    "MAX_ITEMS_PER_CHUNK": "cleanup.E006",
-    "MAX_RANGE_ROWS_PER_CHUNK": "cleanup.E006",
+    "MAX_ITEMS_PER_CHUNK": "cleanup.E038",
+    "MAX_RANGE_ROWS_PER_CHUNK": "cleanup.E039",
     "MAX_REPLICA_LAG": "cleanup.E023",
     "MAX_LOCK_WAIT_MS": "cleanup.E024",
     "PRESSURE_CHECK_SECONDS": "cleanup.E025",
     "PRESSURE_INDICATORS": "cleanup.E026",
     "STATEMENT_TIMEOUT_MS": "cleanup.E027",
-    "IDLE_IN_TRANSACTION_TIMEOUT_MS": "cleanup.E027",
+    "IDLE_IN_TRANSACTION_TIMEOUT_MS": "cleanup.E040",
     "SYNC_LEASE_SECONDS": "cleanup.E028",
     "NODE_NAME": "cleanup.E029",
     "ROW_LOCK_WAIT_MS": "cleanup.E030",
@@ -125,17 +124,27 @@ def test_e002_queue_must_share_the_models_alias(settings):
     assert ids(check_queue_settings()) == ["cleanup.E002"]
 
 
-@pytest.mark.parametrize("bad", [
-    {"CLEANUP_CHUNK_BUDGET_MS": -1},
-    {"CLEANUP_CHUNK_BUDGET_MS": "40"},
-    {"CLEANUP_MIN_ROWS_PER_CHUNK": 0},
-    {"CLEANUP_MAX_RANGE_ROWS_PER_CHUNK": 1e5},
-    {"CLEANUP_MIN_ROWS_PER_CHUNK": 3_000, "CLEANUP_MAX_ITEMS_PER_CHUNK": 2_000},
-])
-def test_e006_chunk_sizing_bounds_must_be_consistent(settings, bad):
-    for name, value in bad.items():
-        setattr(settings, name, value)
-    assert ids(check_queue_settings()) == ["cleanup.E006"]
+@pytest.mark.parametrize("ceiling", ["MAX_ITEMS_PER_CHUNK", "MAX_RANGE_ROWS_PER_CHUNK"])
+def test_e006_the_chunk_size_floor_must_not_exceed_a_ceiling(settings, ceiling):
+    settings.CLEANUP_MIN_ROWS_PER_CHUNK = 3_000
+    setattr(settings, f"CLEANUP_{ceiling}", 2_000)
+    assert ids(check_settings()) == ["cleanup.E006"]
+    assert check_queue_settings() == []
+
+
+def test_e006_message_names_every_chunk_sizing_setting(settings):
+    settings.CLEANUP_CHUNK_BUDGET_MS = 40  # conftest turns sizing off
+    settings.CLEANUP_MIN_ROWS_PER_CHUNK = 3_000
+    (error,) = check_settings()
+    assert error.msg == (
+        "Chunk sizing is inconsistent: CLEANUP_CHUNK_BUDGET_MS=40, "
+        "CLEANUP_MIN_ROWS_PER_CHUNK=3000, CLEANUP_MAX_ITEMS_PER_CHUNK=2000, "
+        "CLEANUP_MAX_RANGE_ROWS_PER_CHUNK=100000.")
+
+
+def test_e006_a_floor_equal_to_the_ceilings_is_allowed(settings):
+    settings.CLEANUP_MIN_ROWS_PER_CHUNK = 2_000
+    assert check_settings() == []
 
 
 def test_w001_catch_up_should_be_off(settings):
@@ -202,6 +211,19 @@ def test_e008_range_policy_needs_an_integer_key(extra_policy):
 def test_e009_a_policy_must_build_its_predicate_now(extra_policy, changes):
     extra_policy(name="broken-deadline", **changes)
     assert ids(check_policies()) == ["cleanup.E009"]
+
+
+def test_e010_range_chunks_need_a_partition_that_is_never_null(chunk_size):
+    # chunk_size restores the registry afterwards.
+    register(replace(get_policy("purge-cleanup-slots"), name="by-nullable-run",
+                     partition_field="run"))
+    assert ids(check_policies()) == ["cleanup.E010"]
+
+
+@pytest.mark.parametrize("value", [0, -1, 4.0, "4", True])
+def test_e011_window_must_be_a_whole_number_of_chunks_from_1(settings, value):
+    settings.CLEANUP_WINDOW = value
+    assert ids(check_window()) == ["cleanup.E011"]
 
 
 def setting_errors(settings, name: str, value) -> list[checks.CheckMessage]:
@@ -296,6 +318,90 @@ def test_e022_a_networks_setting_of_the_wrong_shape_never_fails_a_scrape(db, cli
     assert client.get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 403
     assert client.get("/metrics", REMOTE_ADDR="127.0.0.1",
                       HTTP_AUTHORIZATION="Bearer secret").status_code == 200
+
+
+@pytest.mark.parametrize("value", [0, -1, 86_401, float("nan"), "10", True, None])
+def test_e023_replica_lag_must_be_seconds_above_0_and_at_most_a_day(settings, value):
+    assert ids(setting_errors(settings, "MAX_REPLICA_LAG", value)) == ["cleanup.E023"]
+
+
+@pytest.mark.parametrize("value", [0, 2_147_483_648, 200.0, "200", True])
+def test_e024_lock_wait_limit_must_be_whole_milliseconds_from_1(settings, value):
+    assert ids(setting_errors(settings, "MAX_LOCK_WAIT_MS", value)) == ["cleanup.E024"]
+
+
+@pytest.mark.parametrize("value", [-1, 301, float("nan"), "2", True])
+def test_e025_pressure_reading_must_be_reused_0_to_300_seconds(settings, value):
+    assert ids(setting_errors(settings, "PRESSURE_CHECK_SECONDS", value)) == ["cleanup.E025"]
+
+
+@pytest.mark.parametrize("value", [
+    "tests.hostile_indicators.answer", ["no.such.module.indicator"], ["cleanup.conf.PREFIX"], [1]])
+def test_e026_indicators_must_be_paths_of_callables(settings, value):
+    assert ids(setting_errors(settings, "PRESSURE_INDICATORS", value)) == ["cleanup.E026"]
+
+
+@pytest.mark.parametrize("value", [0, -1, 2_147_483_648, 30_000.0, "30000", True])
+def test_e027_statement_timeout_must_be_whole_milliseconds_postgresql_accepts(settings, value):
+    assert ids(setting_errors(settings, "STATEMENT_TIMEOUT_MS", value)) == ["cleanup.E027"]
+
+
+@pytest.mark.parametrize("value", [0, 0.5, 86_401, "30", True, None])
+def test_e028_sync_lease_must_be_1_to_86400_seconds(settings, value):
+    assert ids(setting_errors(settings, "SYNC_LEASE_SECONDS", value)) == ["cleanup.E028"]
+
+
+@pytest.mark.parametrize("value", [None, 2, " worker-2", "w" * 256])
+def test_e029_node_name_must_be_a_trimmed_string_of_at_most_255(settings, value):
+    assert ids(setting_errors(settings, "NODE_NAME", value)) == ["cleanup.E029"]
+
+
+@pytest.mark.parametrize("value", [0, 2_147_483_648, 50.0, "50", True])
+def test_e030_row_lock_wait_must_be_whole_milliseconds_postgresql_accepts(settings, value):
+    assert ids(setting_errors(settings, "ROW_LOCK_WAIT_MS", value)) == ["cleanup.E030"]
+
+
+@pytest.mark.parametrize("value", [1, 10_001, 20.0, "20", True])
+def test_e031_failing_chunks_must_be_a_whole_number_from_2_to_10000(settings, value):
+    assert ids(setting_errors(settings, "FAILING_CHUNKS", value)) == ["cleanup.E031"]
+
+
+@pytest.mark.parametrize("value", [-1, 60_001, float("nan"), "40", True])
+def test_e036_chunk_budget_must_be_0_to_60000_milliseconds(settings, value):
+    assert ids(setting_errors(settings, "CHUNK_BUDGET_MS", value)) == ["cleanup.E036"]
+
+
+@pytest.mark.parametrize("value", [0, 0.5])
+def test_e036_a_budget_of_0_turns_sizing_off_and_fractions_are_allowed(settings, value):
+    assert setting_errors(settings, "CHUNK_BUDGET_MS", value) == []
+
+
+@pytest.mark.parametrize("value", [0, -1, 50.0, "50", True])
+def test_e037_chunk_size_floor_must_be_a_whole_number_of_rows(settings, value):
+    assert ids(setting_errors(settings, "MIN_ROWS_PER_CHUNK", value)) == ["cleanup.E037"]
+
+
+@pytest.mark.parametrize("value", [0, 2_000.0, "2000", None])
+def test_e038_items_ceiling_must_be_a_whole_number_of_rows(settings, value):
+    assert ids(setting_errors(settings, "MAX_ITEMS_PER_CHUNK", value)) == ["cleanup.E038"]
+
+
+@pytest.mark.parametrize("value", [0, 1e5, "100000", True])
+def test_e039_range_ceiling_must_be_a_whole_number_of_rows(settings, value):
+    assert ids(setting_errors(settings, "MAX_RANGE_ROWS_PER_CHUNK", value)) == ["cleanup.E039"]
+
+
+def test_e039_message_says_which_ceiling(settings):
+    (error,) = setting_errors(settings, "MAX_RANGE_ROWS_PER_CHUNK", 0)
+    assert error.msg == ("CLEANUP_MAX_RANGE_ROWS_PER_CHUNK is 0; it must be a whole number "
+                         "of rows, at least 1.")
+    assert error.hint == "Set the most rows a learned range chunk may hold. The default is 100000."
+
+
+@pytest.mark.parametrize("value", [0, -1, 2_147_483_648, 5_000.0, "5000", None])
+def test_e040_idle_in_transaction_timeout_must_be_whole_milliseconds(settings, value):
+    assert ids(setting_errors(settings, "IDLE_IN_TRANSACTION_TIMEOUT_MS", value)) == [
+        "cleanup.E040"]
 
 
 def test_w003_retries_should_end_before_the_task_timeout(settings):

@@ -10,10 +10,10 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 
-from cleanup.conf import lease
 from cleanup.console.base import LedgerAdmin
 from cleanup.console.forms import PauseForm
 from cleanup.engine import holds, operations
+from cleanup.engine.transport import lease
 from cleanup.exceptions import CleanupError
 from cleanup.observability import blockers
 from cleanup.observability import health as health_report

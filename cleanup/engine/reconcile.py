@@ -19,8 +19,8 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 from django_q.brokers import get_broker
 
-from cleanup.conf import lease
 from cleanup.engine import transitions, transport, window
+from cleanup.engine.transport import lease
 from cleanup.models import Chunk, Run
 
 log = structlog.get_logger("cleanup.reconcile")

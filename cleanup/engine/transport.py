@@ -1,10 +1,12 @@
 """The queue transport of chunk messages: send them, in the database transaction when
-the broker shares it (django-q2's ORM broker), and send what was planned but unsent."""
+the broker shares it (django-q2's ORM broker), and send what was planned but unsent;
+and the queue's lease, past which a chunk not finished counts as stalled."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from datetime import timedelta
 
 from django.db import connections, transaction
 from django.utils import timezone
@@ -14,10 +16,17 @@ from django_q.conf import Conf
 from django_q.models import OrmQ
 from django_q.tasks import async_task
 
+from cleanup.conf import conf
 from cleanup.engine import transitions
 from cleanup.models import Chunk
 
 CHUNK_TASK = "cleanup.tasks.apply_chunk"
+
+
+def lease() -> timedelta:
+    """How long a chunk may go without finishing before it counts as stalled: the
+    broker's redelivery lease plus the task timeout."""
+    return timedelta(seconds=conf.q_cluster.retry + (conf.q_cluster.timeout or 0))
 
 
 def send(chunks: Iterable[Chunk], *, count: bool = True) -> int:

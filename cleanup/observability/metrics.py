@@ -30,8 +30,9 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 
-from cleanup.conf import conf, lease
+from cleanup.conf import conf
 from cleanup.engine import pressure
+from cleanup.engine.transport import lease
 from cleanup.models import Chunk, Hold, OrphanMessage, Run, ScheduleInstall, Slot
 from cleanup.observability import health
 from cleanup.observability.backlog import COUNT_CAP, Budget, backlogs

@@ -22,8 +22,9 @@ from django.utils import timezone
 from django_q.models import Schedule
 
 from cleanup import display
-from cleanup.conf import conf, lease
+from cleanup.conf import conf
 from cleanup.engine import holds
+from cleanup.engine.transport import lease
 from cleanup.expressions import Clamped
 from cleanup.models import Chunk, Hold, Run
 from cleanup.observability.backlog import Budget

@@ -1,10 +1,12 @@
-"""The /metrics endpoint: the ledger's figures plus django-prometheus's own."""
+"""The /metrics endpoint: the ledger's figures plus django-prometheus's own, for the
+networks CLEANUP_METRICS_ALLOWED_NETWORKS allows or a bearer token; and /health."""
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
 import os
+from functools import lru_cache
 
 from django.http import HttpResponse, HttpResponseForbidden, JsonResponse
 from prometheus_client import (
@@ -15,9 +17,10 @@ from prometheus_client import (
     multiprocess,
 )
 
-from cleanup.conf import conf, metrics_networks
+from cleanup.conf import conf
 from cleanup.observability import health as health_report
 from cleanup.observability.metrics import ledger_collector
+from cleanup.rules import network_list
 
 
 def metrics(request):
@@ -48,6 +51,41 @@ def scraper_allowed(request) -> bool:
     except ValueError:
         return False
     return any(client in network for network in metrics_networks())
+
+
+def metrics_networks() -> tuple:
+    """The networks allowed to scrape /metrics, parsed once per value of the setting.
+
+    Entries are stripped; one that is not a network is left out (and named by system
+    check cleanup.E007), and so is a setting that is no list (cleanup.E022), so a typo
+    never turns a scrape into an error.
+    """
+    return parse_networks(_entries(conf.METRICS_ALLOWED_NETWORKS))[0]
+
+
+def invalid_metrics_networks() -> tuple[str, ...]:
+    """The entries of METRICS_ALLOWED_NETWORKS that are not networks."""
+    return parse_networks(_entries(conf.METRICS_ALLOWED_NETWORKS))[1]
+
+
+def _entries(setting: object) -> tuple[str, ...]:
+    if not network_list(setting):
+        return ()
+    if isinstance(setting, str):
+        setting = setting.split(",")
+    return tuple(str(entry).strip() for entry in setting if str(entry).strip())
+
+
+@lru_cache(maxsize=16)
+def parse_networks(entries: tuple[str, ...]) -> tuple[tuple, tuple[str, ...]]:
+    """Return (networks, entries that are not networks); host bits count as a mistake."""
+    networks, invalid = [], []
+    for entry in entries:
+        try:
+            networks.append(ipaddress.ip_network(entry))
+        except ValueError:
+            invalid.append(entry)
+    return tuple(networks), tuple(invalid)
 
 
 def health(request):

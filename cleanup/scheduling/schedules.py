@@ -10,8 +10,8 @@ from croniter import croniter
 from django.db import transaction
 from django_q.models import Schedule
 
-from cleanup.conf import lease
 from cleanup.engine.dispatch import dispatch
+from cleanup.engine.transport import lease
 from cleanup.models import Run, Slot
 from cleanup.policies import all_policies
 from cleanup.scheduling import triggers

@@ -23,7 +23,7 @@ from croniter import croniter
 from django.db.models import Max
 from django.utils import timezone
 
-from cleanup.conf import lease
+from cleanup.engine.transport import lease
 from cleanup.models import Run, ScheduleInstall, Slot
 
 
