@@ -74,7 +74,7 @@ class Settings:
     @property
     def FAILING_CHUNKS(self) -> int:
         """How many of a run's last chunks are weighed: once more than half of them were
-        dead-lettered, the policy holds itself (reason ``failing``) until resumed."""
+        dead-lettered, the policy halts itself (reason ``failing``) until resumed."""
         return self._read("FAILING_CHUNKS", 20)
 
     @property
@@ -102,7 +102,7 @@ class Settings:
     @property
     def MAX_REPLICA_LAG(self) -> float:
         """Seconds of replay lag of any streaming standby (pg_stat_replication, read on
-        the primary) past which a policy is held: it plans and sends nothing new."""
+        the primary) past which a policy is halted: it plans and sends nothing new."""
         return self._read("MAX_REPLICA_LAG", 10)
 
     @property

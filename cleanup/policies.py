@@ -62,10 +62,10 @@ runs only.
     # expression) updates them instead, and must move a row out of eligibility, so a
     # second delivery changes nothing (system check cleanup.E012).
     update: Mapping[str, Any] | None = None
-    # A vacuum of the policy's table holds it (as GitLab's batched migrations do) rather
+    # A vacuum of the policy's table halts it (as GitLab's batched migrations do) rather
     # than only slowing it down: off by default, since a big cleanup sets off the
     # autovacuum of its own table and expired rows must still go on time.
-    hold_on_vacuum: bool = False
+    halt_on_vacuum: bool = False
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:

@@ -127,8 +127,8 @@ SETTING_RULES = (
          "PostgreSQL reads 0 as waiting for ever.",
          lambda value: whole(value) and 1 <= value <= PG_INT_MAX),
     Rule("FAILING_CHUNKS", "cleanup.E031", "a whole number of chunks from 2 to 10000",
-         "Set how many of a run's last chunks are weighed to hold a failing policy: more "
-         "than half of them dead-lettered holds it until an operator resumes it.",
+         "Set how many of a run's last chunks are weighed to halt a failing policy: more "
+         "than half of them dead-lettered halts it until an operator resumes it.",
          lambda value: whole(value) and 2 <= value <= 10_000),
     *(
         Rule(name, id_, f"a whole number of milliseconds from 1 to {PG_INT_MAX}",
@@ -173,8 +173,8 @@ SETTING_RULES = (
         )
     ),
     Rule("MAX_REPLICA_LAG", "cleanup.E023", f"a number of seconds above 0, at most {DAY}",
-         "Set how far behind a streaming standby may replay before the engine holds "
-         "its policies; at 0 any lag at all would hold them.",
+         "Set how far behind a streaming standby may replay before the engine halts "
+         "its policies; at 0 any lag at all would halt them.",
          lambda value: number(value) and 0 < value <= DAY),
     Rule("MAX_LOCK_WAIT_MS", "cleanup.E024",
          f"a whole number of milliseconds from 1 to {PG_INT_MAX}",
@@ -184,7 +184,7 @@ SETTING_RULES = (
     Rule("PRESSURE_CHECK_SECONDS", "cleanup.E025",
          f"a number of seconds from 0 to {MAX_PRESSURE_CHECK_SECONDS}",
          "Set how long a pressure reading is reused before the indicators are read again; "
-         "a reading kept longer would miss a hold raised meanwhile.",
+         "a reading kept longer would miss a halt raised meanwhile.",
          lambda value: number(value) and 0 <= value <= MAX_PRESSURE_CHECK_SECONDS),
     Rule("PRESSURE_INDICATORS", "cleanup.E026",
          "a list of dotted paths of callables that can be imported",

@@ -28,7 +28,7 @@ def reconcile_chunks() -> int:
 
 
 def recheck_pressure(policy: str) -> int:
-    """Look again at a policy the database's pressure holds; plan once it clears."""
+    """Look again at a policy the database's pressure halts; plan once it clears."""
     return window.recheck(policy)
 
 

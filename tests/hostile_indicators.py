@@ -15,8 +15,8 @@ ANSWERS = {
     "none": lambda: None,
     "text": lambda: "HOLD",
     "plain-two": lambda: Signal(2, "host_busy", None, None, "the host says hold"),
-    "long-reason": lambda: Signal(Level.HOLD, "r" * 200, None, None, "a reason of 200 chars"),
-    "nul-detail": lambda: Signal(Level.HOLD, "host_busy", None, None, "one\x00two"),
+    "long-reason": lambda: Signal(Level.HALT, "r" * 200, None, None, "a reason of 200 chars"),
+    "nul-detail": lambda: Signal(Level.HALT, "host_busy", None, None, "one\x00two"),
     "slow": lambda: (time.sleep(3), Signal(Level.OK, "host_busy", None, None, "slow"))[1],
 }
 

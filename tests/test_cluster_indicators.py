@@ -1,5 +1,5 @@
 """A host's indicator turned hostile under a running qcluster: whatever it answers,
-the policy holds with a reason an operator can read, counted on /metrics, with no
+the policy halts with a reason an operator can read, counted on /metrics, with no
 traceback; once it answers well again the run goes on by itself. A slow one never
 makes a learner wait.
 
@@ -20,7 +20,7 @@ import pytest
 from cleanup.engine import pressure
 from cleanup.engine.dispatch import dispatch
 from cleanup.engine.pressure import INDICATOR_ERROR
-from cleanup.models import Chunk, Hold, Run
+from cleanup.models import Chunk, Halt, Run
 from reservations.models import SeatHold
 from reservations.policies import EXPIRE_HOLDS
 from reservations.services import renew_hold
@@ -79,8 +79,8 @@ def committed(run: Run) -> int:
     return Chunk.objects.filter(run=run, state__in=Chunk.DONE).count()
 
 
-def open_hold() -> Hold | None:
-    return Hold.objects.filter(policy=EXPIRE_HOLDS, ended_at__isnull=True).first()
+def open_halt() -> Halt | None:
+    return Halt.objects.filter(policy=EXPIRE_HOLDS, ended_at__isnull=True).first()
 
 
 def planning_stopped(run: Run) -> int:
@@ -97,7 +97,7 @@ def planning_stopped(run: Run) -> int:
 @pytest.mark.parametrize("word, reason, detail", [
     ("none", INDICATOR_ERROR, "answer returned None, not a Signal"),
     ("text", INDICATOR_ERROR, "answer returned 'HOLD', not a Signal"),
-    ("plain-two", "host_busy", "the host says hold"),
+    ("plain-two", "host_busy", "the host says halt"),
     ("long-reason", "r" * 63 + "…", "a reason of 200 chars"),
     ("nul-detail", "host_busy", "one two"),
 ])
@@ -108,11 +108,11 @@ def test_a_hostile_answer_in_a_running_cluster_holds_with_a_reason_then_lets_go(
     wait_for(lambda: committed(run) >= 4, timeout=60, what="the run to be under way")
 
     indicator.write_text(word)
-    hold = wait_for(open_hold, timeout=60, what="the policy to hold")
+    halt = wait_for(open_halt, timeout=60, what="the policy to halt")
     planned = planning_stopped(run)
-    hold.refresh_from_db()
-    assert (hold.reason, hold.actor) == (reason, "engine")
-    assert hold.detail.startswith(detail), hold.detail
+    halt.refresh_from_db()
+    assert (halt.reason, halt.actor) == (reason, "engine")
+    assert halt.detail.startswith(detail), halt.detail
     assert Run.objects.get(pk=run.pk).state == Run.State.RUNNING
     assert planned * 500 < BACKLOG  # it stopped well before the end of its backlog
     assert value(scrape(client), "cleanup_policy_held", policy=EXPIRE_HOLDS,
@@ -121,7 +121,7 @@ def test_a_hostile_answer_in_a_running_cluster_holds_with_a_reason_then_lets_go(
     indicator.write_text("ok")
     wait_for(lambda: Run.objects.get(pk=run.pk).state == Run.State.COMPLETED, timeout=120,
              what="the run to go on by itself and complete")
-    assert open_hold() is None
+    assert open_halt() is None
     assert totals(Run.objects.get(pk=run.pk)) == (BACKLOG, 0)
     assert not SeatHold.objects.exists()
     assert "Traceback" not in cluster.read_text()
@@ -155,13 +155,13 @@ def test_a_slow_indicator_holds_and_never_makes_a_learner_wait(cluster, indicato
     renewing = threading.Thread(target=learner, daemon=True)
     renewing.start()
     try:
-        hold = wait_for(open_hold, timeout=60, what="the slow indicator to hold")
+        halt = wait_for(open_halt, timeout=60, what="the slow indicator to halt")
         planning_stopped(run)
     finally:
         stop.set()
         renewing.join(30)
-    assert hold.reason == INDICATOR_ERROR
-    assert "answer took 3.0 s to answer, more than 2 s" in hold.detail
+    assert halt.reason == INDICATOR_ERROR
+    assert "answer took 3.0 s to answer, more than 2 s" in halt.detail
     print(f"\n{len(waits)} renewals while the indicator took 3 s: slowest {max(waits):.3f} s")
     assert waits and max(waits) < 1.0
 

@@ -1,5 +1,5 @@
 """Through a real qcluster: rows locked elsewhere do not slow a big run down, and a run
-whose chunks all fail holds its policy instead of dead-lettering its backlog.
+whose chunks all fail halts its policy instead of dead-lettering its backlog.
 
 transaction=True: the cluster connects on its own and must see what the test committed.
 """
@@ -19,7 +19,7 @@ from django.db import connection, transaction
 
 from cleanup.conf import conf
 from cleanup.engine.dispatch import dispatch
-from cleanup.models import Chunk, Hold, Run
+from cleanup.models import Chunk, Halt, Run
 from reservations.models import SeatHold
 from reservations.policies import EXPIRE_HOLDS
 from tests.conftest import ROOT, manage, subprocess_env, wait_for
@@ -135,17 +135,17 @@ def test_a_run_whose_chunks_all_fail_holds_its_policy_until_resumed_after_the_fi
                        "FOR EACH ROW EXECUTE FUNCTION refuse_hold_deletes()")
     run = dispatch(EXPIRE_HOLDS).run
 
-    hold = wait_for(lambda: Hold.objects.filter(policy=EXPIRE_HOLDS, reason=Hold.FAILING,
+    halt = wait_for(lambda: Halt.objects.filter(policy=EXPIRE_HOLDS, reason=Halt.FAILING,
                                                 ended_at__isnull=True).first(),
-                    timeout=120, what="the policy to hold itself")
+                    timeout=120, what="the policy to halt itself")
     wait_for(lambda: not Chunk.objects.filter(run=run, state__in=Chunk.UNFINISHED).exists(),
              timeout=120, what="the chunks in flight to end")
     run.refresh_from_db()
     dead = Chunk.objects.filter(run=run, state=Chunk.State.DEAD_LETTERED).count()
-    # 11 of the last 20 held it; the window's others then ended too; nothing more planned.
+    # 11 of the last 20 halted it; the window's others then ended too; nothing more planned.
     assert run.state == Run.State.RUNNING
     assert 11 <= dead == run.chunks_planned <= 11 + conf.WINDOW
-    assert hold.cause == "ProgrammingError: seat hold deletes are refused"
+    assert halt.cause == "ProgrammingError: seat hold deletes are refused"
     assert SeatHold.objects.count() == 60_000
     time.sleep(2)
     assert Run.objects.get(pk=run.pk).chunks_planned == run.chunks_planned

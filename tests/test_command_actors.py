@@ -10,7 +10,7 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from cleanup.models import Hold
+from cleanup.models import Halt
 
 pytestmark = pytest.mark.django_db
 
@@ -32,8 +32,8 @@ def test_pause_and_resume_name_the_os_user_who_ran_them(monkeypatch):
     assert paused["actor"] == "command (alice)"
     assert paused["described"].endswith(" by command (alice): maintenance")
     assert resumed["ended_by"] == "command (alice)"
-    hold = Hold.objects.get()
-    assert (hold.actor, hold.ended_by) == ("command (alice)", "command (alice)")
+    halt = Halt.objects.get()
+    assert (halt.actor, halt.ended_by) == ("command (alice)", "command (alice)")
 
 
 @pytest.mark.parametrize("getuser", [OSError("no login name"), KeyError("uid 4242"), "",

@@ -339,15 +339,15 @@ def test_the_table_of_writers_names_every_module_that_writes_each_table():
 
 def test_the_writer_scan_finds_each_kind_of_write():
     source = '''
-from cleanup.models import Hold, Lease, Slot
+from cleanup.models import Halt, Lease, Slot
 
 TABLE = Lease._meta.db_table
 SQL = "INSERT INTO cleanup_event (name) VALUES (%s) ON CONFLICT DO UPDATE SET name = 1"
 
 def f(seen, slot_at):
     """UPDATE cleanup_eventtotal in a docstring is prose."""
-    Hold.objects.filter(pk=1).update(ended_at=None)
-    held = list(Hold.objects.select_for_update())
+    Halt.objects.filter(pk=1).update(ended_at=None)
+    held = list(Halt.objects.select_for_update())
     held.delete()
     slot = Slot(slot_at=slot_at)
     slot.save()
@@ -357,6 +357,6 @@ def f(seen, slot_at):
     thing.delete()
 '''
     found, unknown = writes_of("m", ast.parse(source), written_models())
-    assert sorted({model for model, _ in found}) == ["Event", "Hold", "Lease", "Slot"]
+    assert sorted({model for model, _ in found}) == ["Event", "Halt", "Lease", "Slot"]
     assert len(found) == 6
     assert unknown == ["m:17 thing.delete()"]

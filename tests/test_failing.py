@@ -1,4 +1,4 @@
-"""A run whose chunks mostly fail holds its policy itself (reason ``failing``, with the
+"""A run whose chunks mostly fail halts its policy itself (reason ``failing``, with the
 failures' common cause) instead of dead-lettering its whole backlog; the run stays
 open, the alert's gauge names the cause, and an operator's resume after the fix goes
 on from where it stopped."""
@@ -16,7 +16,7 @@ from django.db import connection
 from cleanup.engine import failing, operations
 from cleanup.engine.dispatch import dispatch
 from cleanup.engine.worker import apply_chunk
-from cleanup.models import Chunk, Hold, Run
+from cleanup.models import Chunk, Halt, Run
 from tests.engine_app.factories import LeaseFactory
 from tests.engine_app.models import Lease
 from tests.test_metrics import scrape
@@ -52,27 +52,27 @@ def deletes_refused():
     fix()
 
 
-def test_a_run_whose_chunks_mostly_fail_holds_its_policy_with_their_cause(
+def test_a_run_whose_chunks_mostly_fail_halts_its_policy_with_their_cause(
         backlog, deletes_refused, client):
     run = dispatch(POLICY).run
     drain()
 
     run.refresh_from_db()
-    hold = Hold.objects.get(policy=POLICY, ended_at__isnull=True)
+    halt = Halt.objects.get(policy=POLICY, ended_at__isnull=True)
     dead = Chunk.objects.filter(run=run, state=Chunk.State.DEAD_LETTERED).count()
-    # Six dead letters of ten weighed held it; the one in flight then also failed.
-    assert (hold.reason, hold.actor, dead, run.chunks_planned) == ("failing", "engine", 7, 7)
+    # Six dead letters of ten weighed halted it; the one in flight then also failed.
+    assert (halt.reason, halt.actor, dead, run.chunks_planned) == ("failing", "engine", 7, 7)
     assert run.state == Run.State.RUNNING and not run.planned_all
-    assert hold.cause == "ProgrammingError: lease deletes are refused"
-    assert hold.detail == (f"run {run.pk}: 6 of its last 6 chunks were dead-lettered, 6 of "
+    assert halt.cause == "ProgrammingError: lease deletes are refused"
+    assert halt.detail == (f"run {run.pk}: 6 of its last 6 chunks were dead-lettered, 6 of "
                            "them for: ProgrammingError: lease deletes are refused")
     assert Lease.objects.count() == 40
     samples = scrape(client)
     assert samples["cleanup_policy_failing", frozenset(
-        {"policy": POLICY, "cause": hold.cause}.items())] == 6
+        {"policy": POLICY, "cause": halt.cause}.items())] == 6
     out = StringIO()
     call_command("cleanup_status", str(run.pk), stdout=out)
-    assert "failing" in out.getvalue() and "held until resumed" in out.getvalue()
+    assert "failing" in out.getvalue() and "halted until resumed" in out.getvalue()
 
 
 def test_a_resume_after_the_fix_goes_on_from_where_the_run_stopped(backlog, deletes_refused):
@@ -90,26 +90,26 @@ def test_a_resume_after_the_fix_goes_on_from_where_the_run_stopped(backlog, dele
     run.refresh_from_db()
     assert run.state == Run.State.COMPLETED
     assert not Lease.objects.exists()
-    assert not Hold.objects.filter(ended_at__isnull=True).exists()
-    assert Hold.objects.get().ended_by.startswith("command")  # and the OS user
+    assert not Halt.objects.filter(ended_at__isnull=True).exists()
+    assert Halt.objects.get().ended_by.startswith("command")  # and the OS user
     assert sum(Chunk.objects.filter(run=run).values_list("rows_deleted", flat=True)) == 40
 
 
 def test_the_failures_before_a_resume_are_not_weighed_again(backlog, deletes_refused):
-    """Resumed without a fix, it fails again: a new hold once more than half of the
+    """Resumed without a fix, it fails again: a new halt once more than half of the
     chunks ended since the resume failed, not at the first dead letter."""
     dispatch(POLICY)
     drain()
     operations.resume_policy(POLICY, actor="alice")
     apply_chunk(unfinished()[0].message)
-    assert not Hold.objects.filter(ended_at__isnull=True).exists()
+    assert not Halt.objects.filter(ended_at__isnull=True).exists()
     drain()
-    assert Hold.objects.filter(reason="failing").count() == 2
-    assert Hold.objects.filter(ended_at__isnull=True).get().value == 6
+    assert Halt.objects.filter(reason="failing").count() == 2
+    assert Halt.objects.filter(ended_at__isnull=True).get().value == 6
 
 
 def test_half_of_the_last_chunks_failing_is_not_failing(backlog, account):
-    """A run whose chunks fail one in two goes on: only more than half holds it."""
+    """A run whose chunks fail one in two goes on: only more than half halts it."""
     run = dispatch(POLICY).run
     for number, chunk in enumerate(iter(lambda: next(iter(unfinished()), None), None)):
         if number % 2:
@@ -119,15 +119,15 @@ def test_half_of_the_last_chunks_failing_is_not_failing(backlog, account):
         else:
             apply_chunk({**chunk.message, "items": "not items"})  # refused: dead-lettered
     run.refresh_from_db()
-    assert not Hold.objects.exists()
+    assert not Halt.objects.exists()
     assert run.chunks_planned == 40
 
 
 @pytest.mark.django_db(transaction=True)  # the table's lock is held from a second connection
-def test_a_table_locked_past_the_retries_holds_the_policy_for_its_lock_timeout(
+def test_a_table_locked_past_the_retries_halts_the_policy_for_its_lock_timeout(
         backlog, settings):
     """Each chunk waits out the lock timeout, is retried, redelivered and dead-lettered
-    as poison; once most of the last ten are, the policy holds with that cause."""
+    as poison; once most of the last ten are, the policy halts with that cause."""
     import threading
 
     from django.db import OperationalError, transaction
@@ -157,9 +157,9 @@ def test_a_table_locked_past_the_retries_holds_the_policy_for_its_lock_timeout(
         release.set()
         holder.outcome()
 
-    hold = Hold.objects.get(policy=POLICY, ended_at__isnull=True)
+    halt = Halt.objects.get(policy=POLICY, ended_at__isnull=True)
     run.refresh_from_db()
-    assert (hold.reason, hold.cause) == (
+    assert (halt.reason, halt.cause) == (
         "failing", "OperationalError: canceling statement due to lock timeout")
     assert run.state == Run.State.RUNNING and run.chunks_planned == 7
     assert Lease.objects.count() == 40
@@ -167,6 +167,6 @@ def test_a_table_locked_past_the_retries_holds_the_policy_for_its_lock_timeout(
 
 def test_weighing_a_dead_letter_takes_two_statements(backlog, django_assert_num_queries):
     run = dispatch(POLICY).run
-    # The run's policy, its failing hold and its last resume in one; its last chunks.
+    # The run's policy, its failing halt and its last resume in one; its last chunks.
     with django_assert_num_queries(2):
         assert failing.weigh(run.pk) is None

@@ -1,6 +1,6 @@
 """A host's pressure indicator is input the engine does not write: whatever it returns,
 the answer is validated where it enters (``pressure.validated``), and anything that is
-no valid signal holds the policy with a reason an operator can read. Through the door
+no valid signal halts the policy with a reason an operator can read. Through the door
 an operator meets it by: ``cleanup_dispatch``, queued and ``--sync``, and the checks.
 """
 
@@ -16,7 +16,7 @@ from django.core.management import call_command
 from cleanup.checks import check_settings
 from cleanup.engine import pressure
 from cleanup.engine.pressure import INDICATOR_ERROR, Level, Signal
-from cleanup.models import Hold, Run
+from cleanup.models import Halt, Run
 from tests.engine_app.factories import LeaseFactory
 
 POLICY = "expire-leases"
@@ -41,10 +41,10 @@ HOSTILE = [
     pytest.param(None, "host_answer returned None, not a Signal", id="None"),
     pytest.param("HOLD", "host_answer returned 'HOLD', not a Signal", id="a string"),
     pytest.param(Signal("2", "x", None, None, ""),
-                 "host_answer returned the level '2', not one of OK (0), SLOW (1), HOLD (2)",
+                 "host_answer returned the level '2', not one of OK (0), SLOW (1), HALT (2)",
                  id="a level as text"),
     pytest.param(Signal(7, "x", None, None, ""),
-                 "host_answer returned the level 7, not one of OK (0), SLOW (1), HOLD (2)",
+                 "host_answer returned the level 7, not one of OK (0), SLOW (1), HALT (2)",
                  id="a level out of the enum"),
     pytest.param(Signal(Level.OK, "x", math.nan, None, ""),
                  "host_answer returned the value nan, not a finite number", id="NaN"),
@@ -58,7 +58,7 @@ HOSTILE = [
 @pytest.mark.django_db
 @pytest.mark.parametrize("answer, detail", HOSTILE)
 @pytest.mark.parametrize("sync", [False, True], ids=["queued", "--sync"])
-def test_an_answer_that_is_no_signal_holds_the_policy_and_says_what_was_wrong(
+def test_an_answer_that_is_no_signal_halts_the_policy_and_says_what_was_wrong(
         indicator, answer, detail, sync):
     indicator["value"] = answer
     out = StringIO()
@@ -67,8 +67,8 @@ def test_an_answer_that_is_no_signal_holds_the_policy_and_says_what_was_wrong(
                  stdout=out, stderr=StringIO())
 
     run = Run.objects.get()
-    hold = Hold.objects.get(policy=POLICY, ended_at__isnull=True)
-    assert (hold.reason, hold.detail) == (INDICATOR_ERROR, detail)
+    halt = Halt.objects.get(policy=POLICY, ended_at__isnull=True)
+    assert (halt.reason, halt.detail) == (INDICATOR_ERROR, detail)
     assert run.chunks_planned == 0 and run.state == Run.State.RUNNING
     # The operator reads why, and that it clears by itself: resuming is for a pause.
     said = out.getvalue()
@@ -76,27 +76,27 @@ def test_an_answer_that_is_no_signal_holds_the_policy_and_says_what_was_wrong(
 
 
 @pytest.mark.django_db
-def test_a_plain_two_is_a_hold_never_an_open_gate(indicator):
+def test_a_plain_two_is_a_halt_never_an_open_gate(indicator):
     indicator["value"] = Signal(2, "batch_window", 1.0, 0.0, "nightly batch")
 
     call_command("cleanup_dispatch", "--policy", POLICY, "--sync", stdout=StringIO(),
                  stderr=StringIO())
 
-    hold = Hold.objects.get(policy=POLICY, ended_at__isnull=True)
-    assert hold.reason == "batch_window"
+    halt = Halt.objects.get(policy=POLICY, ended_at__isnull=True)
+    assert halt.reason == "batch_window"
     assert Run.objects.get().chunks_planned == 0
 
 
 @pytest.mark.django_db
 def test_long_or_binary_texts_are_cleaned_and_bounded_before_they_are_stored(indicator):
-    indicator["value"] = Signal(Level.HOLD, "r" * 100, 1.0, 0.0, "a\x00b\nc" + "d" * 2000)
+    indicator["value"] = Signal(Level.HALT, "r" * 100, 1.0, 0.0, "a\x00b\nc" + "d" * 2000)
 
     call_command("cleanup_dispatch", "--policy", POLICY, stdout=StringIO(), stderr=StringIO())
 
-    hold = Hold.objects.get(policy=POLICY, ended_at__isnull=True)
-    assert hold.reason == "r" * 63 + "…"
-    assert hold.detail.startswith("a b c") and len(hold.detail) == pressure.MAX_DETAIL
-    assert "\x00" not in hold.detail
+    halt = Halt.objects.get(policy=POLICY, ended_at__isnull=True)
+    assert halt.reason == "r" * 63 + "…"
+    assert halt.detail.startswith("a b c") and len(halt.detail) == pressure.MAX_DETAIL
+    assert "\x00" not in halt.detail
 
 
 @pytest.mark.django_db
@@ -122,20 +122,20 @@ def test_an_indicator_module_that_raises_on_import_is_cleanup_e026(settings,
 
 
 @pytest.mark.django_db
-def test_an_indicator_module_that_raises_on_import_holds_instead_of_failing_dispatch(
+def test_an_indicator_module_that_raises_on_import_halts_instead_of_failing_dispatch(
         indicator, settings, module_that_raises_on_import):
     settings.CLEANUP_PRESSURE_INDICATORS = [module_that_raises_on_import]
 
     call_command("cleanup_dispatch", "--policy", POLICY, stdout=StringIO(), stderr=StringIO())
 
-    hold = Hold.objects.get(policy=POLICY, ended_at__isnull=True)
-    assert hold.reason == INDICATOR_ERROR
-    assert hold.detail == ("raising_indicators.batch_window failed: RuntimeError: "
+    halt = Halt.objects.get(policy=POLICY, ended_at__isnull=True)
+    assert halt.reason == INDICATOR_ERROR
+    assert halt.detail == ("raising_indicators.batch_window failed: RuntimeError: "
                            "the host module is broken")
 
 
 @pytest.mark.django_db
-def test_resuming_while_an_indicator_answers_none_resumes_and_holds_for_the_indicator(
+def test_resuming_while_an_indicator_answers_none_resumes_and_halts_for_the_indicator(
         indicator, admin_client):
     from django.urls import reverse
 
@@ -146,14 +146,14 @@ def test_resuming_while_an_indicator_answers_none_resumes_and_holds_for_the_indi
 
     call_command("cleanup_resume", "--policy", POLICY, stdout=StringIO())
 
-    open_holds = set(Hold.objects.filter(policy=POLICY, ended_at__isnull=True)
+    open_halts = set(Halt.objects.filter(policy=POLICY, ended_at__isnull=True)
                      .values_list("reason", flat=True))
-    assert open_holds == {INDICATOR_ERROR}
+    assert open_halts == {INDICATOR_ERROR}
     # The console's door too: a pause and a resume answer with a redirect, not a 500.
     call_command("cleanup_pause", "--policy", POLICY, "--reason", "again", stdout=StringIO())
     response = admin_client.post(reverse("admin:cleanup_policy_resume", args=[POLICY]))
     assert response.status_code == 302
-    assert not Hold.objects.filter(policy=POLICY, reason=Hold.PAUSED,
+    assert not Halt.objects.filter(policy=POLICY, reason=Halt.PAUSED,
                                    ended_at__isnull=True).exists()
 
 
@@ -198,7 +198,7 @@ def slow_indicator(policy, connection):
 
 
 @pytest.mark.django_db
-def test_an_indicator_slower_than_its_bound_holds_and_says_so(settings, account, monkeypatch):
+def test_an_indicator_slower_than_its_bound_halts_and_says_so(settings, account, monkeypatch):
     monkeypatch.setattr(pressure, "INDICATOR_SECONDS", 0.1)
     settings.CLEANUP_PRESSURE_INDICATORS = ["tests.test_indicator_contract.slow_indicator"]
     settings.CLEANUP_PRESSURE_CHECK_SECONDS = 0
@@ -207,7 +207,7 @@ def test_an_indicator_slower_than_its_bound_holds_and_says_so(settings, account,
 
     call_command("cleanup_dispatch", "--policy", POLICY, stdout=StringIO(), stderr=StringIO())
 
-    hold = Hold.objects.get(policy=POLICY, ended_at__isnull=True)
-    assert hold.reason == INDICATOR_ERROR
-    assert hold.detail.startswith("slow_indicator took 0.2 s to answer, more than 0.1 s")
+    halt = Halt.objects.get(policy=POLICY, ended_at__isnull=True)
+    assert halt.reason == INDICATOR_ERROR
+    assert halt.detail.startswith("slow_indicator took 0.2 s to answer, more than 0.1 s")
     pressure.forget()

@@ -44,7 +44,7 @@ def test_status_before_any_run_says_how_to_start_one_and_exits_0():
     as_json = shell("cleanup_status", "--json")
     assert (as_json.returncode, as_json.stderr) == (0, "")
     assert json.loads(as_json.stdout) == {"run_id": None, "state": None, "note": NO_RUN_YET,
-                                          "gone_policy_holds": []}
+                                          "gone_policy_halts": []}
 
 
 @pytest.mark.django_db

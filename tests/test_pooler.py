@@ -1,8 +1,8 @@
 """The engine behind a real PgBouncer in transaction mode, as deployments run it: a
 small pool, other clients churning through it, a qcluster and the commands connected
 through it. A --sync run killed or frozen mid-run is finished by the cluster, a frozen
-process's row locks are released within the documented bound, a held policy goes on
-by itself once its pressure clears, a pause holds and a resume lets go, and no
+process's row locks are released within the documented bound, a halted policy goes on
+by itself once its pressure clears, a pause halts and a resume lets go, and no
 session-level lock is ever left on a pooled server connection.
 
 transaction=True: the subprocesses and the test see each other's commits.
@@ -22,7 +22,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from cleanup.models import Chunk, Hold, Run
+from cleanup.models import Chunk, Halt, Run
 from tests.conftest import ROOT, wait_for
 from tests.engine_app.factories import AccountFactory, LeaseFactory
 from tests.engine_app.models import Lease
@@ -57,7 +57,7 @@ def flag_file(policy, connection):
     from cleanup.engine.pressure import Level, Signal
 
     if Path(os.environ["HOLD_FLAG"]).exists():
-        return Signal(Level.HOLD, "maintenance_flag", 1, 0, "the flag file is there")
+        return Signal(Level.HALT, "maintenance_flag", 1, 0, "the flag file is there")
     return Signal(Level.OK, "maintenance_flag", 0, 0, "no flag file")
 
 
@@ -270,10 +270,10 @@ def test_a_held_policy_goes_on_by_itself_once_the_pressure_clears_three_times(
         flag.touch()
         pooled.run("cleanup_dispatch", "--policy", POLICY)
         run = the_run()
-        wait_for(lambda: Hold.objects.filter(policy=POLICY, reason="maintenance_flag",
+        wait_for(lambda: Halt.objects.filter(policy=POLICY, reason="maintenance_flag",
                                              ended_at__isnull=True).exists(),
-                 timeout=30, what="the policy to be held")
-        time.sleep(2)  # held: nothing of the run is planned meanwhile
+                 timeout=30, what="the policy to be halted")
+        time.sleep(2)  # halted: nothing of the run is planned meanwhile
         assert run.chunks.count() == 0
         flag.unlink()
         cleared = time.monotonic()
@@ -282,7 +282,7 @@ def test_a_held_policy_goes_on_by_itself_once_the_pressure_clears_three_times(
         waits.append(time.monotonic() - cleared)
         the_ledger_equals_reality(run, renewed + kept)
         Lease.objects.all().delete()
-    assert not Hold.objects.filter(policy=POLICY, ended_at__isnull=True).exists()
+    assert not Halt.objects.filter(policy=POLICY, ended_at__isnull=True).exists()
     print("\nheld policy behind the pooler went on "
           + ", ".join(f"{wait:.1f} s" for wait in waits) + " after its pressure cleared")
 

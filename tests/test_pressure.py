@@ -3,7 +3,7 @@
 The replica lag tests run on a throwaway primary and standby (tests/standby.py), skipped
 where the server binaries or runuser are missing and failing instead under CI. The lock
 and vacuum tests use django_db(transaction=True): a second and third real connection
-hold and wait for locks on committed rows, which the per-test transaction would hide.
+halt and wait for locks on committed rows, which the per-test transaction would hide.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def test_replica_lag_holds_while_replay_is_paused_and_clears_once_it_resumes(
     paused = time.monotonic()
     try:
         signal = pressure.replica_lag(policy, primary, limit=LAG_LIMIT)
-        while signal.level is not Level.HOLD and time.monotonic() - paused < LAG_TIMEOUT:
+        while signal.level is not Level.HALT and time.monotonic() - paused < LAG_TIMEOUT:
             primary.execute("INSERT INTO writes DEFAULT VALUES")
             time.sleep(0.2)
             signal = pressure.replica_lag(policy, primary, limit=LAG_LIMIT)
@@ -108,7 +108,7 @@ def test_replica_lag_holds_while_replay_is_paused_and_clears_once_it_resumes(
         replica.execute("SELECT pg_wal_replay_resume()")
     resumed = time.monotonic()
 
-    assert signal.level is Level.HOLD, signal
+    assert signal.level is Level.HALT, signal
     assert signal.reason == "replica_lag"
     assert signal.value is not None and signal.value > LAG_LIMIT
     assert signal.detail.startswith(f"replica lag {signal.value:.1f} s > 1 s")
@@ -262,11 +262,11 @@ def test_a_vacuum_on_the_policys_table_slows_or_holds_cleanup(policy, expired_le
     assert pressure.vacuum(policy, connection).level is Level.OK
     with vacuum_in_progress(expired_leases):
         slow = pressure.vacuum(policy, connection)
-        held = pressure.vacuum(policy, connection, hold_on_vacuum=True)
+        held = pressure.vacuum(policy, connection, halt_on_vacuum=True)
 
     assert slow == Signal(Level.SLOW, "vacuum", 1.0, None,
                           "vacuum of engine_app_lease running: truncating heap (manual)")
-    assert held.level is Level.HOLD
+    assert held.level is Level.HALT
     assert pressure.vacuum(policy, connection).level is Level.OK
 
 
@@ -297,10 +297,10 @@ def test_evaluate_stops_at_the_first_hold(policy):
         called.append(True)
         return fixed(Level.OK, "later")(policy, connection)
 
-    signal = pressure.evaluate(policy, [fixed(Level.SLOW, "a"), fixed(Level.HOLD, "b"), later],
+    signal = pressure.evaluate(policy, [fixed(Level.SLOW, "a"), fixed(Level.HALT, "b"), later],
                                None)
 
-    assert (signal.level, signal.reason, called) == (Level.HOLD, "b", [])
+    assert (signal.level, signal.reason, called) == (Level.HALT, "b", [])
 
 
 def test_evaluate_without_indicators_is_ok(policy):
@@ -312,10 +312,10 @@ def test_an_indicator_that_raises_holds_and_is_logged(policy):
         signal = pressure.evaluate(policy, [fixed(Level.OK, "a"),
                                             partial(broken, message="no such view")], None)
 
-    assert signal == Signal(Level.HOLD, "indicator_error", None, None,
+    assert signal == Signal(Level.HALT, "indicator_error", None, None,
                             "broken failed: RuntimeError: no such view")
     assert [(entry["event"], entry["log_level"], entry["indicator"], entry["policy"])
-            for entry in logs] == [("pressure indicator failed; holding", "warning", "broken",
+            for entry in logs] == [("pressure indicator failed; halting", "warning", "broken",
                                     EXPIRE_LEASES)]
 
 

@@ -1,9 +1,9 @@
-"""A run held by a standby that stopped replaying, and let go once it replays again.
+"""A run halted by a standby that stopped replaying, and let go once it replays again.
 
 Real parts throughout, driven as an operator would: a throwaway primary with a streaming
 standby (tests/standby.py), ``manage.py`` subprocesses on a database of the primary, and a
 django-q2 qcluster doing the work. The run's first window is sent before the standby
-falls behind, so the hold is met where a running run meets it: at the end of a chunk.
+falls behind, so the halt is met where a running run meets it: at the end of a chunk.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ DATABASE = "cleanup_pressure"
 EXPIRED, ACTIVE = 20_000, 100
 LAG_LIMIT = 1.0
 CHECK_SECONDS = 0.5
-# Looked at for this long once held: six pressure checks in each worker.
+# Looked at for this long once halted: six pressure checks in each worker.
 HELD_FOR = 3.0
 TIMEOUT = 30.0
 ENV = {
@@ -128,12 +128,12 @@ def test_paused_replay_holds_the_run_after_its_window_and_resuming_finishes_it(
                 "'retrying')) FROM cleanup_chunk WHERE run_id = %s",
                 [unfinished, run_id]).fetchone()[0]
 
-        def open_hold():
+        def open_halt():
             return primary.execute(
-                "SELECT reason, value, \"limit\", detail, actor FROM cleanup_hold "
+                "SELECT reason, value, \"limit\", detail, actor FROM cleanup_halt "
                 "WHERE policy = 'expire-holds' AND ended_at IS NULL").fetchall()
 
-        assert not open_hold()
+        assert not open_halt()
 
         # Then it stops replaying, and writes on the primary leave it behind.
         standby.execute("SELECT pg_wal_replay_pause()")
@@ -149,26 +149,26 @@ def test_paused_replay_holds_the_run_after_its_window_and_resuming_finishes_it(
         cluster = operator.qcluster()
         started = time.monotonic()
         # The window's chunks finish; each one's end reads the lag and plans nothing.
-        operator.within(lambda: lagging() and open_hold() and not chunks(unfinished=True),
-                        "a replica_lag hold with nothing in flight")
-        to_hold = time.monotonic() - started
-        at_hold = chunks()
+        operator.within(lambda: lagging() and open_halt() and not chunks(unfinished=True),
+                        "a replica_lag halt with nothing in flight")
+        to_halt = time.monotonic() - started
+        at_halt = chunks()
         held_until = time.monotonic() + HELD_FOR
         while time.monotonic() < held_until:
             lagging()
             time.sleep(0.1)
 
-        [(reason, value, limit, detail, actor)] = open_hold()
+        [(reason, value, limit, detail, actor)] = open_halt()
         assert (reason, limit, actor) == ("replica_lag", LAG_LIMIT, "engine")
         assert value > LAG_LIMIT
         assert detail.startswith(f"replica lag {value:.1f} s > 1 s")
-        assert at_hold == chunks() == window
+        assert at_halt == chunks() == window
         status = operator.json("cleanup_status", run_id)
         assert status["state"] == "running"
         assert status["chunks_planned"] == window
         assert status["rows_deleted"] == dispatched["first_rows"] < EXPIRED
-        assert len(status["held"]) == 1 and "replica lag" in status["held"][0], status["held"]
-        assert re.search(r"^  held [^:]+: replica lag \d+\.\d s > 1 s \(1 standby connection\): "
+        assert len(status["halted"]) == 1 and "replica lag" in status["halted"][0], status["halted"]
+        assert re.search(r"^  halted [^:]+: replica lag \d+\.\d s > 1 s \(1 standby connection\): "
                          r"nothing new is planned until it is resumed$",
                          operator.run("cleanup_status", run_id), re.MULTILINE)
         held_at_lag = value
@@ -190,7 +190,7 @@ def test_paused_replay_holds_the_run_after_its_window_and_resuming_finishes_it(
         "SELECT state, cutoff FROM cleanup_run WHERE id = %s", [run_id]).fetchone()
     assert run_state == "completed", operator.log.read_text()[-4000:]
     assert primary.execute(
-        "SELECT reason, ended_by FROM cleanup_hold WHERE policy = 'expire-holds'"
+        "SELECT reason, ended_by FROM cleanup_halt WHERE policy = 'expire-holds'"
     ).fetchall() == [("replica_lag", "engine")]
     # The ledger equals reality: every expired hold deleted once, counted once, and
     # nothing else touched.
@@ -204,8 +204,8 @@ def test_paused_replay_holds_the_run_after_its_window_and_resuming_finishes_it(
         "SELECT array_agg(DISTINCT state) FROM cleanup_chunk WHERE run_id = %s",
         [run_id]).fetchone()[0] == ["acknowledged"]
     status = operator.json("cleanup_status", run_id)
-    assert (status["held"], status["rows_deleted"]) == ([], EXPIRED)
+    assert (status["halted"], status["rows_deleted"]) == ([], EXPIRED)
     print(f"\nreplay paused: lag {lag_seen:.2f} s > {LAG_LIMIT:g} s after {lag_after:.1f} s; "
-          f"held {to_hold:.1f} s after the qcluster started, at {at_hold} chunks "
+          f"halted {to_halt:.1f} s after the qcluster started, at {at_halt} chunks "
           f"(window {window}), lag {held_at_lag:.2f} s; finished {to_finish:.1f} s after "
           f"replay resumed, {status['chunks_planned']} chunks, {deleted:,} rows deleted")

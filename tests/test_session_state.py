@@ -149,7 +149,7 @@ def test_a_day_of_work_sends_nothing_that_outlives_its_transaction(
     dispatch_in_process("expire-leases")
     reconcile()
     # A policy held by the database's pressure, rechecked until it clears.
-    readings = iter([Signal(Level.HOLD, "replica_lag", 20, 10, "a standby 20 s behind")])
+    readings = iter([Signal(Level.HALT, "replica_lag", 20, 10, "a standby 20 s behind")])
     monkeypatch.setattr(pressure, "check", lambda policy: next(
         readings, Signal(Level.OK, "none", None, None, "no indicator")))
     LeaseFactory.create_batch(3, account=account, expired=True)

@@ -1,5 +1,5 @@
 """The overview page: per policy, backlog, stalled work, missed schedules, dead letters,
-and whether any cluster takes work; the holds a policy removed by a deploy left open."""
+and whether any cluster takes work; the halts a policy removed by a deploy left open."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from cleanup.console.base import LedgerAdmin
 from cleanup.console.forms import PauseForm
-from cleanup.engine import holds, operations
+from cleanup.engine import halts, operations
 from cleanup.engine.transport import lease
 from cleanup.exceptions import CleanupError
 from cleanup.observability import blockers
@@ -89,21 +89,21 @@ class CleanupOverviewAdmin(LedgerAdmin):
     def pause_view(self, request, policy):
         """Pause a policy: a form for the reason, then the pause (nothing new is planned
         until it is resumed)."""
-        return self._hold_page(request, policy, pause=True)
+        return self._halt_page(request, policy, pause=True)
 
     def resume_view(self, request, policy):
         """Resume a paused policy after a confirmation; its window refills at once. A
-        policy no longer registered has every hold it left open ended (a name with none
+        policy no longer registered has every halt it left open ended (a name with none
         is refused by the service)."""
-        return self._hold_page(request, policy, pause=False)
+        return self._halt_page(request, policy, pause=False)
 
-    def _hold_page(self, request, policy, *, pause: bool):
+    def _halt_page(self, request, policy, *, pause: bool):
         if not self.has_pause_permission(request):
             raise PermissionDenied
         form = PauseForm(request.POST or None) if pause else None
-        held = holds.open_holds(policy)
-        # Removed by a deploy with holds left open; a name with none is refused below.
-        gone = bool(held) and policy not in {known.name for known in all_policies()}
+        halted = halts.open_halts(policy)
+        # Removed by a deploy with halts left open; a name with none is refused below.
+        gone = bool(halted) and policy not in {known.name for known in all_policies()}
         back = HttpResponseRedirect(reverse("admin:cleanup_cleanupoverview_changelist"))
         if request.method == "POST" and (form is None or form.is_valid()):
             actor = request.user.get_username()
@@ -116,13 +116,13 @@ class CleanupOverviewAdmin(LedgerAdmin):
             except CleanupError as exc:
                 self.message_user(request, str(exc), messages.ERROR)
                 return back
-            described = holds.describe(change.hold)
+            described = halts.describe(change.halt)
             if not change.changed:
                 text = f"{policy} was already {described}; nothing changed."
             elif pause:
                 text = f"Paused {policy}: nothing new is planned until it is resumed."
             elif gone:
-                text = (f"Ended the holds of {policy}, which is no longer registered; it "
+                text = (f"Ended the halts of {policy}, which is no longer registered; it "
                         f"was {described}.")
             else:
                 text = (f"Resumed {policy} after it was {described}; "
@@ -134,7 +134,7 @@ class CleanupOverviewAdmin(LedgerAdmin):
             **self.admin_site.each_context(request),
             "title": f"{'Pause' if pause else 'Resume'} {policy}",
             "opts": self.opts, "policy": policy, "form": form, "pause": pause, "gone": gone,
-            "held": [holds.describe(hold) for hold in held],
+            "halted": [halts.describe(halt) for halt in halted],
         }
-        return TemplateResponse(request, "admin/cleanup/cleanupoverview/hold_form.html",
+        return TemplateResponse(request, "admin/cleanup/cleanupoverview/halt_form.html",
                                 context)

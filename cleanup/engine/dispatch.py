@@ -18,7 +18,7 @@ from django.utils import timezone
 from django_q.conf import Conf
 
 from cleanup.cutoffs import frozen_cutoff
-from cleanup.engine import frontier, holds, planning, sizing, sync_lease, transitions, window
+from cleanup.engine import frontier, halts, planning, sizing, sync_lease, transitions, window
 from cleanup.engine.in_process import (
     Applied,
     Progress,
@@ -64,8 +64,8 @@ class DispatchResult:
     waiting_behind: uuid.UUID | None = None
     # --sync: what this process applied, and whether it handed the rest to the queue.
     applied: Applied | None = None
-    # Why the policy plans nothing now, in words (a pause), when it is held.
-    held: str = ""
+    # Why the policy plans nothing now, in words (a pause), when it is halted.
+    halted: str = ""
     mutation: str = "delete"
 
 
@@ -273,7 +273,7 @@ def _result(run: Run, *, created: bool, coalesced: bool = False, first: bool = F
         first_rows=run.candidates if first else 0,
         waiting_behind=waiting_behind(run) if waiting else None,
         applied=applied, mutation=mutation,
-        held="; ".join(holds.describe(hold) for hold in holds.open_holds(run.policy))
+        halted="; ".join(halts.describe(halt) for halt in halts.open_halts(run.policy))
         if run.state == Run.State.RUNNING else "",
     )
 

@@ -20,7 +20,7 @@ import structlog
 from django.db.models import Q, Sum
 
 from cleanup.conf import conf
-from cleanup.engine import holds, sync_lease, transitions, window
+from cleanup.engine import halts, sync_lease, transitions, window
 from cleanup.engine.worker import apply_chunk, transient
 from cleanup.exceptions import LeaseLost, cause_of
 from cleanup.models import ROWS_CHANGED, Chunk, Run
@@ -88,8 +88,8 @@ def apply_in_process(run: Run, progress: Progress | None = None) -> Applied:
     run.refresh_from_db()
     if run.state == Run.State.RUNNING and not run.planned_all:
         behind = waiting_behind(run)
-        if holds.open_holds(run.policy):
-            note = ("the policy is held (cleanup_status shows why): the rest of the run is "
+        if halts.open_halts(run.policy):
+            note = ("the policy is halted (cleanup_status shows why): the rest of the run is "
                     "handed to the queue, which goes on once it is resumed")
         else:
             note = ("the policy's window is held by "

@@ -11,13 +11,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import structlog
-from django.db import IntegrityError, transaction
-from django.utils import timezone
+from django.db import transaction
 
 from cleanup.display import SHORT_ID_LENGTH, id_range, parse_id
-from cleanup.engine import holds, outcomes, transitions, transport, window
+from cleanup.engine import halts, outcomes, transitions, transport, window
 from cleanup.exceptions import CleanupError, UnknownChunk, UnknownPolicy, UnknownRun
-from cleanup.models import Chunk, Hold, Run
+from cleanup.models import Chunk, Halt, Run
 from cleanup.policies import get_policy
 
 log = structlog.get_logger("cleanup.operations")
@@ -172,65 +171,51 @@ def pause_reason(reason: str | None) -> str:
     return reason
 
 
-def pause_policy(policy_name: str, reason: str, *, actor: str = "") -> holds.HoldChange:
+def pause_policy(policy_name: str, reason: str, *, actor: str = "") -> halts.HaltChange:
     """Open a pause of the policy; a policy already paused keeps its first pause."""
     policy = get_policy(policy_name)
     reason = pause_reason(reason)
-    try:
-        with transaction.atomic():
-            hold = Hold.objects.create(policy=policy.name, reason=Hold.PAUSED, detail=reason,
-                                       actor=actor)
-    except IntegrityError:  # paused already (the one open pause per policy)
-        return holds.HoldChange(holds.open_holds(policy.name)[0], changed=False)
+    halt = halts.begin(policy.name, Halt.PAUSED, detail=reason, actor=actor)
+    if halt is None:  # paused already (the one open pause per policy)
+        return halts.HaltChange(halts.open_halts(policy.name)[0], changed=False)
     log.warning("policy paused", policy=policy.name, reason=reason, actor=actor)
-    return holds.HoldChange(hold, changed=True)
+    return halts.HaltChange(halt, changed=True)
 
 
-def resume_policy(policy_name: str, *, actor: str = "") -> holds.HoldChange:
-    """End the policy's pause and its failing hold (cleanup.engine.failing), whichever
+def resume_policy(policy_name: str, *, actor: str = "") -> halts.HaltChange:
+    """End the policy's pause and its failing halt (cleanup.engine.failing), whichever
     are open, and top its window up now; a policy with neither is left as it is
     (``changed`` False, with its last pause if it had one). A policy no longer
-    registered (removed by a deploy) has every open hold ended: nothing else would."""
+    registered (removed by a deploy) has every open halt ended: nothing else would."""
     try:
         policy = get_policy(policy_name)
     except UnknownPolicy:
-        return _end_holds_of_a_gone_policy(policy_name, actor)
+        return _end_halts_of_a_gone_policy(policy_name, actor)
     with transaction.atomic():
-        ended = list(Hold.objects.select_for_update().order_by("began_at").filter(
-            policy=policy.name, reason__in=Hold.ENDED_BY_OPERATOR, ended_at__isnull=True))
+        ended = halts.end(policy.name, actor=actor, reasons=Halt.ENDED_BY_OPERATOR)
         if not ended:
-            last = Hold.objects.filter(policy=policy.name, reason=Hold.PAUSED).first()
+            last = Halt.objects.filter(policy=policy.name, reason=Halt.PAUSED).first()
             if last is None:
-                raise CleanupError(f"policy {policy.name!r} is not paused, nor held for "
+                raise CleanupError(f"policy {policy.name!r} is not paused, nor halted for "
                                    "failing")
-            return holds.HoldChange(last, changed=False)
-        now = timezone.now()
-        Hold.objects.filter(pk__in=[hold.pk for hold in ended]).update(ended_at=now,
-                                                                       ended_by=actor)
-    for hold in ended:
-        hold.ended_at, hold.ended_by = now, actor
-    # Its own transaction, after the holds ended: the window refills as a chunk's end
+            return halts.HaltChange(last, changed=False)
+    # Its own transaction, after the halts ended: the window refills as a chunk's end
     # would.
     planned = window.top_up_now(policy.name)
-    for hold in ended:
-        log.info("policy resumed", policy=policy.name, reason=hold.reason, actor=actor,
-                 planned=planned, held_for=str(hold.ended_at - hold.began_at))
-    pause = next((hold for hold in ended if hold.reason == Hold.PAUSED), ended[0])
-    return holds.HoldChange(pause, changed=True, planned=planned)
+    for halt in ended:
+        log.info("policy resumed", policy=policy.name, reason=halt.reason, actor=actor,
+                 planned=planned, halted_for=str(halt.ended_at - halt.began_at))
+    pause = next((halt for halt in ended if halt.reason == Halt.PAUSED), ended[0])
+    return halts.HaltChange(pause, changed=True, planned=planned)
 
 
-def _end_holds_of_a_gone_policy(policy_name: str, actor: str) -> holds.HoldChange:
+def _end_halts_of_a_gone_policy(policy_name: str, actor: str) -> halts.HaltChange:
     with transaction.atomic():
-        held = list(Hold.objects.select_for_update()
-                    .filter(policy=policy_name, ended_at__isnull=True))
-        if not held:
+        halted = halts.end(policy_name, actor=actor)
+        if not halted:
             get_policy(policy_name)  # the unknown policy's own refusal, naming the known
-        now = timezone.now()
-        Hold.objects.filter(pk__in=[hold.pk for hold in held]).update(ended_at=now,
-                                                                      ended_by=actor)
-    for hold in held:
-        hold.ended_at, hold.ended_by = now, actor
-        log.warning("hold of a policy no longer registered ended", policy=policy_name,
-                    reason=hold.reason, actor=actor)
-    pause = next((hold for hold in held if hold.reason == Hold.PAUSED), held[0])
-    return holds.HoldChange(pause, changed=True, planned=0)
+    for halt in halted:
+        log.warning("halt of a policy no longer registered ended", policy=policy_name,
+                    reason=halt.reason, actor=actor)
+    pause = next((halt for halt in halted if halt.reason == Halt.PAUSED), halted[0])
+    return halts.HaltChange(pause, changed=True, planned=0)

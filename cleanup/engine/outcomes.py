@@ -38,7 +38,7 @@ def dead_letter(chunk: Chunk, reason: str, failure_class: str, *, received: str 
                 delivery: int | None = None) -> bool:
     """``transitions.dead_letter`` in a savepoint with the top-up and the settling; False
     if the chunk had finished (a committed chunk is never dead-lettered). A run whose
-    chunks mostly fail holds its policy first (cleanup.engine.failing), so the top-up
+    chunks mostly fail halts its policy first (cleanup.engine.failing), so the top-up
     plans nothing more of it."""
     with transaction.atomic():
         dead = transitions.dead_letter(chunk, reason, failure_class, received=received,

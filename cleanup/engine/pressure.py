@@ -1,10 +1,10 @@
 """Whether the database a policy cleans can take more cleanup now: indicators and their worst.
 
 An indicator reads one thing from PostgreSQL and returns a :class:`Signal`: carry on
-(``OK``), slow down (``SLOW``) or hold (``HOLD``: the policy plans nothing new), with
+(``OK``), slow down (``SLOW``) or halt (``HALT``: the policy plans nothing new), with
 the reason, the value it read, the limit it compared it to, and a sentence for an
 operator. ``evaluate`` runs a policy's indicators and keeps the worst signal; one that
-raises is a hold, since cleanup can always wait and a database under load is where
+raises is a halt, since cleanup can always wait and a database under load is where
 reading it is likely to fail. ``cached`` keeps a policy's last signal for a few seconds
 (``CLEANUP_PRESSURE_CHECK_SECONDS``, 2 by default), so planning each chunk does not
 query the catalogs each time.
@@ -48,7 +48,7 @@ CHUNK_APPLICATION_NAME = "cleanup-chunk"
 MAX_REPLICA_LAG = 10.0
 MAX_LOCK_WAIT_MS = 200.0
 INDICATOR_ERROR = "indicator_error"
-# An indicator slower than this holds: its answer describes a database that was
+# An indicator slower than this halts: its answer describes a database that was
 # already somewhere else, and the policy waits for one that answers in time.
 INDICATOR_SECONDS = 2.0
 
@@ -58,7 +58,7 @@ class Level(IntEnum):
 
     OK = 0
     SLOW = 1
-    HOLD = 2
+    HALT = 2
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def replica_lag(policy: Policy, connection, *, limit: float = MAX_REPLICA_LAG) -
     if not standbys:
         return Signal(Level.OK, "replica_lag", None, limit, "no standby connected")
     over = lag > limit
-    return Signal(Level.HOLD if over else Level.OK, "replica_lag", lag, limit,
+    return Signal(Level.HALT if over else Level.OK, "replica_lag", lag, limit,
                   f"replica lag {lag:.1f} s {'>' if over else '<='} {limit:g} s "
                   f"({standbys} standby connection{'s' if standbys > 1 else ''})")
 
@@ -137,8 +137,8 @@ def lock_waits(policy: Policy, connection, *, limit_ms: float = MAX_LOCK_WAIT_MS
                   f"lock, longest {longest:.0f} ms > {limit_ms:g} ms")
 
 
-def vacuum(policy: Policy, connection, *, hold_on_vacuum: bool = False) -> Signal:
-    """Slow down (or hold) while a vacuum, manual or automatic, works on the policy's table.
+def vacuum(policy: Policy, connection, *, halt_on_vacuum: bool = False) -> Signal:
+    """Slow down (or halt) while a vacuum, manual or automatic, works on the policy's table.
 
     VACUUM FULL rewrites the table under an exclusive lock instead (a chunk waits for it),
     and reports as a cluster, not here.
@@ -151,12 +151,12 @@ def vacuum(policy: Policy, connection, *, hold_on_vacuum: bool = False) -> Signa
         return Signal(Level.OK, "vacuum", 0.0, None, f"no vacuum on {table}")
     phases = ", ".join(f"{phase} ({'autovacuum' if kind == 'autovacuum worker' else 'manual'})"
                        for phase, kind in running)
-    return Signal(Level.HOLD if hold_on_vacuum else Level.SLOW, "vacuum",
+    return Signal(Level.HALT if halt_on_vacuum else Level.SLOW, "vacuum",
                   float(len(running)), None,
                   f"vacuum of {table} running: {phases}")
 
 
-# What a signal's texts may hold: its reason is a Hold's reason (64 characters), and
+# What a signal's texts may hold: its reason is a Halt's reason (64 characters), and
 # both are stored in PostgreSQL text, which takes no NUL.
 MAX_REASON = 64
 MAX_DETAIL = 500
@@ -188,7 +188,7 @@ def validated(answer: Any, name: str) -> Signal:
 
 
 def _wrong(name: str, what: str) -> Signal:
-    return Signal(Level.HOLD, INDICATOR_ERROR, None, None, _cleaned(f"{name} {what}", MAX_DETAIL))
+    return Signal(Level.HALT, INDICATOR_ERROR, None, None, _cleaned(f"{name} {what}", MAX_DETAIL))
 
 
 def _shown(value: Any) -> str:
@@ -203,9 +203,9 @@ def _cleaned(text: str, limit: int) -> str:
 
 def evaluate(policy: Policy, indicators: Iterable[Indicator], connection) -> Signal:
     """Return the worst of the indicators' signals; an indicator that raises, or whose
-    answer is no valid signal, holds.
+    answer is no valid signal, halts.
 
-    Stops at the first hold, which nothing is worse than. With no indicators, OK.
+    Stops at the first halt, which nothing is worse than. With no indicators, OK.
     """
     worst: Signal | None = None
     for indicator in indicators:
@@ -218,13 +218,13 @@ def evaluate(policy: Policy, indicators: Iterable[Indicator], connection) -> Sig
                 signal = _wrong(name, f"took {took:.1f} s to answer, more than "
                                       f"{INDICATOR_SECONDS:g} s")
         except Exception as exc:
-            log.warning("pressure indicator failed; holding", policy=policy.name,
+            log.warning("pressure indicator failed; halting", policy=policy.name,
                         indicator=name, error=repr(exc))
-            signal = Signal(Level.HOLD, INDICATOR_ERROR, None, None,
+            signal = Signal(Level.HALT, INDICATOR_ERROR, None, None,
                             _cleaned(f"{name} failed: {type(exc).__name__}: {exc}", MAX_DETAIL))
         if worst is None or signal.level > worst.level:
             worst = signal
-        if worst.level is Level.HOLD:
+        if worst.level is Level.HALT:
             break
     return worst or Signal(Level.OK, "none", None, None, "no indicator")
 
@@ -247,7 +247,7 @@ NOT_READ = "not_read"
 @contextmanager
 def holding_rows() -> Iterator[None]:
     """Within the block, ``check`` reads no host indicator: their last reading, or a
-    hold if there is none yet."""
+    halt if there is none yet."""
     token = _host_readings_only.set(True)
     try:
         yield
@@ -309,11 +309,11 @@ def check(policy: Policy) -> Signal:
         engine = [
             functools.partial(replica_lag, limit=float(conf.MAX_REPLICA_LAG)),
             functools.partial(lock_waits, limit_ms=float(conf.MAX_LOCK_WAIT_MS)),
-            functools.partial(vacuum, hold_on_vacuum=policy.hold_on_vacuum),
+            functools.partial(vacuum, halt_on_vacuum=policy.halt_on_vacuum),
         ]
         signal = evaluate(policy, [_in_savepoint(indicator) for indicator in engine],
                           connection)
-        if signal.level is Level.HOLD or not conf.PRESSURE_INDICATORS:
+        if signal.level is Level.HALT or not conf.PRESSURE_INDICATORS:
             return signal
         host = _host_reading(policy)
         return host if host.level > signal.level else signal
@@ -323,10 +323,10 @@ def check(policy: Policy) -> Signal:
 
 def _host_reading(policy: Policy) -> Signal:
     """The host's indicators' worst signal: read now, or inside ``holding_rows`` the
-    last reading (a hold until there is one)."""
+    last reading (a halt until there is one)."""
     if _host_readings_only.get():
         return _host_readings.get(policy.name) or Signal(
-            Level.HOLD, NOT_READ, None, None,
+            Level.HALT, NOT_READ, None, None,
             "the host's indicators are not read yet: they are read before a chunk's "
             "transaction, never while it holds learners' rows")
     signal = evaluate(policy, [_in_savepoint(_imported(path))
@@ -337,7 +337,7 @@ def _host_reading(policy: Policy) -> Signal:
 
 def _imported(path: Any) -> Indicator:
     """The host's indicator at ``path``; one that cannot be imported (cleanup.E026
-    names it) is an indicator that fails, so the policy holds and says why."""
+    names it) is an indicator that fails, so the policy halts and says why."""
     try:
         indicator = import_string(path)
         if callable(indicator):

@@ -43,12 +43,12 @@ def describe_dispatch(result: DispatchResult) -> str:
 
 
 def _planned(result: DispatchResult) -> str:
-    if result.held:
-        if any(part.startswith("paused") for part in result.held.split("; ")):
-            return (f"the policy is {result.held}; nothing more is planned until it is "
+    if result.halted:
+        if any(part.startswith("paused") for part in result.halted.split("; ")):
+            return (f"the policy is {result.halted}; nothing more is planned until it is "
                     f"resumed (cleanup_resume --policy {result.policy})")
-        # A pressure hold ends by itself: resuming is for an operator's pause.
-        return (f"the policy is {result.held}; nothing more is planned until that clears "
+        # A pressure halt ends by itself: resuming is for an operator's pause.
+        return (f"the policy is {result.halted}; nothing more is planned until that clears "
                 "(a worker looks again by itself)")
     if result.waiting_behind is not None:
         return f"waiting for room in the window behind run {result.waiting_behind}"

@@ -29,7 +29,7 @@ from django_q.tasks import async_task
 from cleanup.conf import conf
 from cleanup.engine import (
     frontier,
-    holds,
+    halts,
     leases,
     messages,
     planning,
@@ -41,7 +41,7 @@ from cleanup.engine import (
 )
 from cleanup.engine.pressure import Level
 from cleanup.exceptions import UnknownPolicy, summary_of
-from cleanup.models import Chunk, Hold, Run
+from cleanup.models import Chunk, Halt, Run
 from cleanup.policies import Policy, get_policy
 
 log = structlog.get_logger("cleanup.window")
@@ -74,7 +74,7 @@ def top_up(policy_name: str, *, strict: bool = False, recheck: bool = True) -> i
     ending at once cannot plan the same range twice or overfill the window. A run whose
     planning fails is left with the error and skipped, so it cannot block the others;
     ``strict`` (dispatch) raises instead, so the dispatch writes nothing. A policy
-    the database's pressure holds plans nothing; with nothing of it in flight, a
+    the database's pressure halts plans nothing; with nothing of it in flight, a
     recheck task is sent to look again (``recheck`` False: the caller is that task).
     """
     try:
@@ -88,14 +88,14 @@ def top_up(policy_name: str, *, strict: bool = False, recheck: bool = True) -> i
     _take_over(policy.name, [pk for pk, _, in_process in runs if in_process])
     if not (runs := [row for row in runs if not row[1]]):
         return 0  # every run planned: no pressure to read
-    held = holds.open_holds(policy.name)
+    halted = halts.open_halts(policy.name)
     signal = pressure.check(policy)
-    holds.record_pressure(policy.name, signal, held)
-    if any(hold.reason in Hold.ENDED_BY_OPERATOR for hold in held) or (
-            signal.level is Level.HOLD):
-        # Nothing new until the hold ends (cleanup.engine.holds); with nothing in flight
+    halts.record_pressure(policy.name, signal, halted)
+    if any(halt.reason in Halt.ENDED_BY_OPERATOR for halt in halted) or (
+            signal.level is Level.HALT):
+        # Nothing new until the halt ends (cleanup.engine.halts); with nothing in flight
         # whose end would look again, a recheck task does.
-        if recheck and signal.level is Level.HOLD and not in_flight(policy.name):
+        if recheck and signal.level is Level.HALT and not in_flight(policy.name):
             recheck_later(policy.name)
         return 0
     slow = signal.level is Level.SLOW
@@ -270,9 +270,9 @@ RECHECK_LEASE_MARGIN_SECONDS = 30
 
 
 def recheck(policy_name: str) -> int:
-    """Read a held policy's pressure again every ``CLEANUP_PRESSURE_CHECK_SECONDS`` and
-    top its window up once the hold clears; return the chunks then planned. A task at
-    a time per policy (under a lease); one still held after ``RECHECK_FOR_SECONDS``
+    """Read a halted policy's pressure again every ``CLEANUP_PRESSURE_CHECK_SECONDS`` and
+    top its window up once the halt clears; return the chunks then planned. A task at
+    a time per policy (under a lease); one still halted after ``RECHECK_FOR_SECONDS``
     sends its successor."""
     interval = max(float(conf.PRESSURE_CHECK_SECONDS), MIN_RECHECK_SECONDS)
     lease, owner = _recheck_lease(policy_name), f"{leases.this_process()}:{uuid.uuid4().hex[:8]}"
@@ -287,9 +287,9 @@ def recheck(policy_name: str) -> int:
             pressure.forget(policy_name)
             with transaction.atomic():
                 planned = top_up(policy_name, recheck=False)
-                held = (Hold.objects.filter(policy=policy_name, ended_at__isnull=True)
-                        .exclude(reason__in=Hold.ENDED_BY_OPERATOR).exists())
-            if not held:
+                halted = (Halt.objects.filter(policy=policy_name, ended_at__isnull=True)
+                        .exclude(reason__in=Halt.ENDED_BY_OPERATOR).exists())
+            if not halted:
                 return planned
     finally:
         leases.release(lease, owner)
@@ -298,7 +298,7 @@ def recheck(policy_name: str) -> int:
 
 
 def recheck_later(policy_name: str) -> None:
-    """Have a worker read the held policy's pressure again until it clears (and plan
+    """Have a worker read the halted policy's pressure again until it clears (and plan
     then), unless one is at it already; sent with this transaction (ORM broker) or after."""
     if leases.live([_recheck_lease(policy_name)]):
         return

@@ -30,13 +30,13 @@ def count(n: int, word: str) -> str:
 
 
 def gone_policy_lines(gone: list[dict]) -> list[str]:
-    """A result's ``gone_policy_holds`` in words: each policy a deploy removed while it
-    was held, its holds, and the command that ends them (nothing else would)."""
+    """A result's ``gone_policy_halts`` in words: each policy a deploy removed while it
+    was halted, its halts, and the command that ends them (nothing else would)."""
     lines = []
     for policy in gone:
         lines.append(f"{policy['policy']} is no longer registered (removed by a deploy) and "
-                     "is still held:")
-        lines += [f"  {hold['described']}" for hold in policy["holds"]]
+                     "is still halted:")
+        lines += [f"  {halt['described']}" for halt in policy["halts"]]
         lines.append(f"  end it with: {policy['resume_command']}")
     return lines
 
@@ -165,7 +165,7 @@ def connection_failure(exc: BaseException) -> str | None:
     return f"cannot connect to the database {where}: {reason}; {fix}"
 
 
-# Room for the name in the hold's actor column (150), beside "command ()".
+# Room for the name in the halt's actor column (150), beside "command ()".
 MAX_OS_USER = 100
 
 

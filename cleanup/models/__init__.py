@@ -2,7 +2,7 @@
 processes (cleanup.models.coordination)."""
 
 from cleanup.expressions import MessageField  # migrations name it cleanup.models.MessageField
-from cleanup.models.coordination import Hold, Lease, WorkerHeartbeat
+from cleanup.models.coordination import Halt, Lease, WorkerHeartbeat
 from cleanup.models.ledger import (
     ROWS_CHANGED,
     Chunk,
@@ -17,7 +17,7 @@ from cleanup.models.ledger import (
 from cleanup.models.outbox import Event, EventTotal
 
 __all__ = [
-    "ROWS_CHANGED", "Chunk", "CleanupOverview", "Event", "EventTotal", "Hold", "Lease",
+    "ROWS_CHANGED", "Chunk", "CleanupOverview", "Event", "EventTotal", "Halt", "Lease",
     "LedgerTotal", "MessageField", "OrphanMessage", "Run", "ScheduleInstall", "Slot",
     "WorkerHeartbeat", "rows_changed",
 ]

@@ -1,5 +1,5 @@
 """What coordinates the engine's processes: the workers' heartbeats, the policies'
-holds and the leases on work."""
+halts and the leases on work."""
 
 from __future__ import annotations
 
@@ -28,21 +28,21 @@ class WorkerHeartbeat(models.Model):
         return f"{self.cluster}@{self.host}"
 
 
-class Hold(models.Model):
-    """A time a policy planned and sent nothing new: paused by an operator, held by the
+class Halt(models.Model):
+    """A time a policy planned and sent nothing new: paused by an operator, halted by the
     database's pressure, or failing. Open while ``ended_at`` is empty; chunks in flight
     finish meanwhile, and runs stay running."""
 
     PAUSED = "paused"
     # Most of a run's last chunks were dead-lettered (cleanup.engine.failing).
     FAILING = "failing"
-    # The holds only an operator ends (a resume); the pressure's end by themselves.
+    # The halts only an operator ends (a resume); the pressure's end by themselves.
     ENDED_BY_OPERATOR = (PAUSED, FAILING)
 
     policy = models.CharField(max_length=100)
     reason = models.CharField(max_length=64)  # "paused", "failing", a pressure's
     detail = models.TextField(blank=True)  # why, in words: the operator's reason
-    # A failing hold's: the most common cause of the dead letters (what the alert says).
+    # A failing halt's: the most common cause of the dead letters (what the alert says).
     cause = models.CharField(max_length=255, blank=True, default="")
     value = models.FloatField(null=True, blank=True)  # a measured pressure, and its limit
     limit = models.FloatField(null=True, blank=True)
@@ -53,10 +53,10 @@ class Hold(models.Model):
 
     class Meta:
         ordering = ["-began_at"]
-        # Its index also finds a policy's open holds (policy leads).
+        # Its index also finds a policy's open halts (policy leads).
         constraints = [models.UniqueConstraint(
             fields=["policy", "reason"], condition=models.Q(ended_at__isnull=True),
-            name="hold_one_open_per_reason")]
+            name="halt_one_open_per_reason")]
 
     def __str__(self) -> str:
         return f"{self.policy} {self.reason} since {self.began_at:%Y-%m-%d %H:%M:%S}"

@@ -33,7 +33,7 @@ from prometheus_client.core import (
 from cleanup.conf import conf
 from cleanup.engine import pressure
 from cleanup.engine.transport import lease
-from cleanup.models import Chunk, Hold, OrphanMessage, Run, ScheduleInstall, Slot
+from cleanup.models import Chunk, Halt, OrphanMessage, Run, ScheduleInstall, Slot
 from cleanup.observability import health
 from cleanup.observability.backlog import COUNT_CAP, Budget, backlogs
 from cleanup.observability.counters import DURATION_BUCKETS_MS, ROWS_BUCKETS, ledger_figures
@@ -44,7 +44,7 @@ from cleanup.scheduling import triggers
 from cleanup.scheduling.schedules import NAME_PREFIX
 
 UNKNOWN_POLICY = "unknown"
-# How much of a failing hold's cause its label carries.
+# How much of a failing halt's cause its label carries.
 FAILING_CAUSE_SHOWN = 120
 
 # family name, help text, key in the counter sums
@@ -95,32 +95,32 @@ class LedgerCollector:
         yield from event_families(now)
 
     def _holds(self, now):
-        """Holds in force and the time spent held, per policy and reason (the ledger of
-        holds is small: a pause is an operator's act)."""
-        held = GaugeMetricFamily("cleanup_policy_held",
-                                 "1 while the policy is held (paused): it plans nothing new.",
+        """Halts in force and the time spent halted, per policy and reason (the ledger of
+        halts is small: a pause is an operator's act)."""
+        halted = GaugeMetricFamily("cleanup_policy_held",
+                                 "1 while the policy is halted (paused): it plans nothing new.",
                                  labels=["policy", "reason"])
         seconds = CounterMetricFamily("cleanup_held_seconds",
-                                      "Seconds the policy has spent held, per reason.",
+                                      "Seconds the policy has spent halted, per reason.",
                                       labels=["policy", "reason"])
         failing = GaugeMetricFamily(
             "cleanup_policy_failing",
-            "Dead letters among a run's last CLEANUP_FAILING_CHUNKS chunks, while they hold "
+            "Dead letters among a run's last CLEANUP_FAILING_CHUNKS chunks, while they halt "
             "its policy (reason failing) until an operator resumes it; cause: the most "
             "common.", labels=["policy", "cause"])
         spent = {}
-        for hold in Hold.objects.only("policy", "reason", "began_at", "ended_at", "cause",
+        for halt in Halt.objects.only("policy", "reason", "began_at", "ended_at", "cause",
                                       "value"):
-            key = (hold.policy, hold.reason)
-            spent[key] = spent.get(key, 0.0) + _age(hold.ended_at or now, hold.began_at)
-            if hold.ended_at is None:
-                held.add_metric(list(key), 1)
-                if hold.reason == Hold.FAILING:
-                    failing.add_metric([hold.policy, hold.cause[:FAILING_CAUSE_SHOWN]],
-                                       hold.value or 0)
+            key = (halt.policy, halt.reason)
+            spent[key] = spent.get(key, 0.0) + _age(halt.ended_at or now, halt.began_at)
+            if halt.ended_at is None:
+                halted.add_metric(list(key), 1)
+                if halt.reason == Halt.FAILING:
+                    failing.add_metric([halt.policy, halt.cause[:FAILING_CAUSE_SHOWN]],
+                                       halt.value or 0)
         for key, total in sorted(spent.items()):
             seconds.add_metric(list(key), total)
-        yield held
+        yield halted
         yield seconds
         yield failing
         lag = GaugeMetricFamily(

@@ -3,7 +3,7 @@
 "Missed schedule" (the scheduler did not fire a slot that is due) and "stalled work"
 (chunks sent, or slots fired, and not finished within the lease) are separate signals
 with separate owners: the first points at the scheduler, the second at workers or the
-database (see cleanup.scheduling.triggers). Holds left open by a policy a deploy removed
+database (see cleanup.scheduling.triggers). Halts left open by a policy a deploy removed
 are listed apart: no registered policy reads them.
 """
 
@@ -23,10 +23,10 @@ from django_q.models import Schedule
 
 from cleanup import display
 from cleanup.conf import conf
-from cleanup.engine import holds
+from cleanup.engine import halts
 from cleanup.engine.transport import lease
 from cleanup.expressions import Clamped
-from cleanup.models import Chunk, Hold, Run
+from cleanup.models import Chunk, Halt, Run
 from cleanup.observability.backlog import Budget
 from cleanup.policies import Policy, all_policies
 from cleanup.scheduling import triggers
@@ -75,8 +75,8 @@ class PolicyOverview:
     last_success: Run | None
     schedule: ScheduleStatus
     now: datetime
-    # The policy's holds in force, in words (cleanup.engine.holds): a pause.
-    held: tuple[str, ...] = ()
+    # The policy's halts in force, in words (cleanup.engine.halts): a pause.
+    halted: tuple[str, ...] = ()
 
     @property
     def oldest_eligible_age(self) -> timedelta | None:
@@ -129,8 +129,8 @@ class PolicyOverview:
                 self.policy, "backlog-unknown", "Backlog unknown",
                 f"its eligible rows could not be counted within {BACKLOG_BUDGET_MS:,} ms: "
                 "its table may be locked by another session", level="warning"))
-        for hold in self.held:
-            found.append(Alert(self.policy, "held", "Held", f"{hold}; nothing new is "
+        for halt in self.halted:
+            found.append(Alert(self.policy, "halted", "Halted", f"{halt}; nothing new is "
                                "planned until it is resumed", level="warning"))
         if self.dead_letters:
             found.append(Alert(self.policy, "dead-letters", "Dead letters waiting",
@@ -143,48 +143,48 @@ class PolicyOverview:
 
 @dataclass(frozen=True)
 class GonePolicy:
-    """A policy a deploy removed while it was held: its holds stay open, and its
+    """A policy a deploy removed while it was halted: its halts stay open, and its
     ``cleanup_policy_held`` at 1, until an operator resumes it by name."""
 
     policy: str
-    open_holds: tuple[Hold, ...]  # oldest first
+    open_halts: tuple[Halt, ...]  # oldest first
     now: datetime
 
     @property
-    def held(self) -> tuple[str, ...]:
-        return tuple(holds.describe(hold, self.now) for hold in self.open_holds)
+    def halted(self) -> tuple[str, ...]:
+        return tuple(halts.describe(halt, self.now) for halt in self.open_halts)
 
     @property
     def resume_command(self) -> str:
         return f"manage.py cleanup_resume --policy {shlex.quote(self.policy)}"
 
     def alert(self) -> Alert:
-        return Alert(self.policy, "held-gone", "Held, and no longer registered",
-                     f"{'; '.join(self.held)}; the policy was removed by a deploy: end "
+        return Alert(self.policy, "halted-gone", "Halted, and no longer registered",
+                     f"{'; '.join(self.halted)}; the policy was removed by a deploy: end "
                      f"it with {self.resume_command}", level="warning")
 
     def fields(self) -> dict:
-        """JSON-safe, as ``gone_policy_holds`` in the commands' --json."""
-        return {"policy": self.policy, "holds": [holds.fields(hold) for hold in self.open_holds],
+        """JSON-safe, as ``gone_policy_halts`` in the commands' --json."""
+        return {"policy": self.policy, "halts": [halts.fields(halt) for halt in self.open_halts],
                 "resume_command": self.resume_command}
 
 
 def gone_policies(now: datetime | None = None) -> list[GonePolicy]:
-    """The policies no longer registered that still have holds open, by name, read in
+    """The policies no longer registered that still have halts open, by name, read in
     one query whatever their number."""
     now = now or timezone.now()
-    found: dict[str, list[Hold]] = {}
-    for hold in (Hold.objects.filter(ended_at__isnull=True)
+    found: dict[str, list[Halt]] = {}
+    for halt in (Halt.objects.filter(ended_at__isnull=True)
                  .exclude(policy__in=[policy.name for policy in all_policies()])
                  .order_by("policy", "began_at")):
-        found.setdefault(hold.policy, []).append(hold)
-    return [GonePolicy(name, tuple(held), now) for name, held in found.items()]
+        found.setdefault(halt.policy, []).append(halt)
+    return [GonePolicy(name, tuple(halted), now) for name, halted in found.items()]
 
 
 def banner(policies: list[PolicyOverview], clusters: list[dict],
            gone: Sequence[GonePolicy] = ()) -> list[Alert]:
     """Every alert the overview shows at its top: the clusters', each policy's, then
-    the holds of policies no longer registered."""
+    the halts of policies no longer registered."""
     found = []
     if not any(cluster.get("taking_work") for cluster in clusters):
         found.append(Alert(None, "no-worker", "No worker cluster is taking work",
@@ -252,7 +252,7 @@ def policy_overview(policy: Policy, now: datetime, *, exact: bool = True) -> Pol
         last_success=last_success,
         schedule=schedule_status(policy, now),
         now=now,
-        held=tuple(holds.describe(hold, now) for hold in holds.open_holds(policy.name)),
+        halted=tuple(halts.describe(halt, now) for halt in halts.open_halts(policy.name)),
     )
 
 

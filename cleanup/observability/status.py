@@ -7,7 +7,7 @@ from datetime import datetime
 from django.db.models import Count, Sum
 from django.utils import timezone
 
-from cleanup.engine import holds, planning
+from cleanup.engine import halts, planning
 from cleanup.engine.window import size as window_size
 from cleanup.exceptions import UnknownPolicy
 from cleanup.models import Chunk, Run, rows_changed
@@ -42,12 +42,12 @@ def run_summary(run: Run) -> dict:
         failures=Sum("failures"),
     )
     totals = {name: value or 0 for name, value in totals.items()}
-    held = holds.open_holds(run.policy) if run.state == Run.State.RUNNING else []
+    halted = halts.open_halts(run.policy) if run.state == Run.State.RUNNING else []
     return {
         "run_id": str(run.id),
         "policy": run.policy,
         # Why the run's policy plans nothing now, in words (a pause); empty otherwise.
-        "held": [holds.describe(hold) for hold in held],
+        "halted": [halts.describe(halt) for halt in halted],
         "mutation": mutation(run, totals["rows_updated"]),
         "scheme": run.scheme,
         "state": run.state,
@@ -142,7 +142,7 @@ def policy_rows(now: datetime | None = None) -> list[dict]:
     return rows
 
 
-def gone_policy_holds(now: datetime | None = None) -> list[dict]:
-    """Per policy no longer registered with holds still open: the holds and the command
-    that ends them, JSON-safe (``gone_policy_holds`` in the commands' --json)."""
+def gone_policy_halts(now: datetime | None = None) -> list[dict]:
+    """Per policy no longer registered with halts still open: the halts and the command
+    that ends them, JSON-safe (``gone_policy_halts`` in the commands' --json)."""
     return [gone.fields() for gone in gone_policies(now)]

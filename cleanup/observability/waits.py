@@ -2,7 +2,7 @@
 
 A chunk's deliveries are its history (``Chunk.history``, written by
 cleanup.engine.transitions as each delivery starts and ends). From them and the
-ledger, a running run says in words what it waits on: its policy held, its window
+ledger, a running run says in words what it waits on: its policy halted, its window
 full of chunks retrying on one cause, the next redelivery, a delivery in progress, no
 worker taking the queue. Its rate is counted over the time it worked, not the time it
 was stuck: the time covered by its committed chunks' transactions, gaps shorter than
@@ -22,7 +22,7 @@ from django.utils.dateparse import parse_datetime
 from django_q.conf import Conf
 
 from cleanup import display
-from cleanup.engine import holds
+from cleanup.engine import halts
 from cleanup.models import Chunk, Run, WorkerHeartbeat
 
 WORKING_GAP = timedelta(seconds=5)
@@ -136,15 +136,15 @@ def working_seconds(run: Run) -> float:
         return float(cursor.fetchone()[0])
 
 
-def why_it_waits(run: Run, now: datetime | None = None, *, held: bool = True) -> list[str]:
+def why_it_waits(run: Run, now: datetime | None = None, *, halted: bool = True) -> list[str]:
     """What a running run waits on, in words, most pressing first; empty for a run
-    that has finished (or waits on nothing it can name). ``held``: its policy's holds
+    that has finished (or waits on nothing it can name). ``halted``: its policy's halts
     too (a caller that lists them itself leaves them out)."""
     if run.state != Run.State.RUNNING:
         return []
     now = now or timezone.now()
-    reasons = [f"held: {holds.describe(hold, now)} (nothing new is planned until it is "
-               "resumed)" for hold in holds.open_holds(run.policy)] if held else []
+    reasons = [f"halted: {halts.describe(halt, now)} (nothing new is planned until it is "
+               "resumed)" for halt in halts.open_halts(run.policy)] if halted else []
     if run.planning_error:
         reasons.append(f"planning failed: {run.planning_error.strip().splitlines()[0]}")
     if run.in_process:

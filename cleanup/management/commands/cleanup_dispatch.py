@@ -63,7 +63,7 @@ class Command(CleanupCommand):
             "first_chunks": result.first_chunks,
             "first_rows": result.first_rows,
             "waiting_behind": str(result.waiting_behind) if result.waiting_behind else None,
-            "held": result.held or None,
+            "halted": result.halted or None,
             # By state with a total, as in every command; a dry run has only the total.
             "chunks": (run_summary(result.run)["chunks"] if result.run
                        else {"total": result.chunks}),

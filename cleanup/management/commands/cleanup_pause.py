@@ -1,4 +1,4 @@
-from cleanup.engine import holds, operations
+from cleanup.engine import halts, operations
 from cleanup.management.base import CleanupCommand, command_actor
 
 
@@ -16,7 +16,7 @@ class Command(CleanupCommand):
 
     def run(self, *, policy, reason, **options) -> dict:
         change = operations.pause_policy(policy, reason, actor=command_actor())
-        return {**holds.fields(change.hold), "paused": change.changed}
+        return {**halts.fields(change.halt), "paused": change.changed}
 
     def describe(self, result: dict, verbosity: int) -> str:
         if result["paused"]:

@@ -3,16 +3,16 @@ from datetime import datetime
 from cleanup.display import ago, duration, number, utc_text
 from cleanup.management.base import CleanupCommand, count, gone_policy_lines
 from cleanup.observability.overview import BACKLOG_BUDGET_MS
-from cleanup.observability.status import gone_policy_holds, policy_rows
+from cleanup.observability.status import gone_policy_halts, policy_rows
 
 
 class Command(CleanupCommand):
     help = ("List the registered policies: rule, schedule, window, last run and backlog "
-            "(rows eligible now and how long the oldest has waited); then the holds still "
+            "(rows eligible now and how long the oldest has waited); then the halts still "
             "open of any policy no longer registered.")
 
     def run(self, **options) -> dict:
-        return {"policies": policy_rows(), "gone_policy_holds": gone_policy_holds()}
+        return {"policies": policy_rows(), "gone_policy_halts": gone_policy_halts()}
 
     def describe(self, result: dict, verbosity: int) -> str:
         blocks = [] if result["policies"] else ["No policies are registered."]
@@ -42,6 +42,6 @@ class Command(CleanupCommand):
             if policy["dead_letters"]:
                 lines.append(f"  dead letters  {number(policy['dead_letters'])}")
             blocks.append("\n".join(lines))
-        if gone := gone_policy_lines(result["gone_policy_holds"]):
+        if gone := gone_policy_lines(result["gone_policy_halts"]):
             blocks.append("\n".join(gone))
         return "\n\n".join(blocks)

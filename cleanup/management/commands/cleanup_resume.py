@@ -1,10 +1,10 @@
-from cleanup.engine import holds, operations
+from cleanup.engine import halts, operations
 from cleanup.management.base import CleanupCommand, command_actor, count
 
 
 class Command(CleanupCommand):
-    help = ("Resume a paused policy, or one held for failing: the hold ends and its window "
-            "is topped up at once. Resuming a policy that is not held so changes nothing.")
+    help = ("Resume a paused policy, or one halted for failing: the halt ends and its window "
+            "is topped up at once. Resuming a policy that is not halted so changes nothing.")
 
     def add_arguments(self, parser) -> None:
         super().add_arguments(parser)
@@ -12,7 +12,7 @@ class Command(CleanupCommand):
 
     def run(self, *, policy, **options) -> dict:
         change = operations.resume_policy(policy, actor=command_actor())
-        return {**holds.fields(change.hold), "resumed": change.changed,
+        return {**halts.fields(change.halt), "resumed": change.changed,
                 "chunks_planned": change.planned}
 
     def describe(self, result: dict, verbosity: int) -> str:

@@ -2,7 +2,7 @@ from cleanup.display import duration, number
 from cleanup.engine.operations import get_run, latest_run
 from cleanup.exceptions import CleanupError, UnknownRun
 from cleanup.management.base import CleanupCommand, count, gone_policy_lines
-from cleanup.observability.status import gone_policy_holds, run_summary
+from cleanup.observability.status import gone_policy_halts, run_summary
 from cleanup.observability.waits import why_it_waits, working_seconds
 
 NO_RUN_YET = ("No run yet: dispatch one with manage.py cleanup_dispatch --policy NAME "
@@ -12,7 +12,7 @@ NO_RUN_YET = ("No run yet: dispatch one with manage.py cleanup_dispatch --policy
 
 class Command(CleanupCommand):
     help = ("Show one run's state and its chunks' totals (default: the latest run), and "
-            "the holds still open of any policy no longer registered.")
+            "the halts still open of any policy no longer registered.")
 
     def add_arguments(self, parser) -> None:
         super().add_arguments(parser)
@@ -35,15 +35,15 @@ class Command(CleanupCommand):
             except UnknownRun:
                 # Nothing has failed: a new install has simply not run anything yet.
                 return {"run_id": None, "state": None, "note": NO_RUN_YET,
-                        "gone_policy_holds": gone_policy_holds()}
-        return {**run_summary(run), "gone_policy_holds": gone_policy_holds(),
-                # Beside "held" (its policy's holds): what else the run waits on now.
-                "waiting": why_it_waits(run, held=False),
+                        "gone_policy_halts": gone_policy_halts()}
+        return {**run_summary(run), "gone_policy_halts": gone_policy_halts(),
+                # Beside "halted" (its policy's halts): what else the run waits on now.
+                "waiting": why_it_waits(run, halted=False),
                 "worked_seconds": round(working_seconds(run), 3)}
 
     def describe(self, result: dict, verbosity: int) -> str:
         if result["run_id"] is None:
-            gone = gone_policy_lines(result["gone_policy_holds"])
+            gone = gone_policy_lines(result["gone_policy_halts"])
             return "\n".join([result["note"], *(["", *gone] if gone else [])])
         chunks = ", ".join(f"{state} {n}" for state, n in result["chunks"].items()
                            if state != "total" and (n or verbosity > 1))
@@ -60,8 +60,8 @@ class Command(CleanupCommand):
         if result["rows_locked"]:
             lines.append(f"  skipped: locked {result['rows_locked']:,} (kept locked by another "
                          "transaction past CLEANUP_ROW_LOCK_WAIT_MS; a later run takes them)")
-        lines += [f"  {hold}: nothing new is planned until it is resumed"
-                  for hold in result["held"]]
+        lines += [f"  {halt}: nothing new is planned until it is resumed"
+                  for halt in result["halted"]]
         lines += [f"  waiting: {reason}" for reason in result["waiting"]]
         if result["rows_changed"] and result["worked_seconds"]:
             rate = round(result["rows_changed"] / result["worked_seconds"])
@@ -70,8 +70,8 @@ class Command(CleanupCommand):
         if verbosity > 1:
             lines.append(f"  key {result['dispatch_key']}, trigger {result['trigger']}, "
                          f"replay of {result['replay_of'] or '-'}")
-        if result["gone_policy_holds"]:
-            lines += ["", *gone_policy_lines(result["gone_policy_holds"])]
+        if result["gone_policy_halts"]:
+            lines += ["", *gone_policy_lines(result["gone_policy_halts"])]
         return "\n".join(lines)
 
 

@@ -1,6 +1,6 @@
-"""The database's pressure holds or slows a policy: a hold plans nothing new, is kept in
+"""The database's pressure halts or slows a policy: a halt plans nothing new, is kept in
 the ledger with its figures, and clears by itself (the recheck task refills the
-window); an indicator that fails holds; lock waits shrink the next chunks."""
+window); an indicator that fails halts; lock waits shrink the next chunks."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from cleanup.engine.dispatch import dispatch
 from cleanup.engine.pressure import Level, Signal
 from cleanup.engine.summary import describe_dispatch
 from cleanup.engine.worker import Outcome, apply_chunk, bound_transaction
-from cleanup.models import Chunk, Hold, Run
+from cleanup.models import Chunk, Halt, Run
 from cleanup.observability.status import run_summary
 from cleanup.policies import get_policy
 from tests.engine_app.factories import LeaseFactory
@@ -37,7 +37,7 @@ def batch_window(policy, db) -> Signal:
 
 @pytest.fixture
 def host_indicator(settings):
-    settings.CLEANUP_PRESSURE_INDICATORS = ["tests.test_pressure_holds.batch_window"]
+    settings.CLEANUP_PRESSURE_INDICATORS = ["tests.test_pressure_halts.batch_window"]
     settings.CLEANUP_PRESSURE_CHECK_SECONDS = 0
     NOW["signal"] = Signal(Level.OK, "batch_window", None, None, "outside the batch window")
     yield NOW
@@ -51,31 +51,31 @@ def backlog(account, settings, chunk_size):
     return LeaseFactory.create_batch(6, account=account, expired=True)
 
 
-def hold(value=42.0, limit=10.0) -> Signal:
-    return Signal(Level.HOLD, "batch_window", value, limit,
+def halt(value=42.0, limit=10.0) -> Signal:
+    return Signal(Level.HALT, "batch_window", value, limit,
                   f"nightly batch running: {value} > {limit}")
 
 
-def test_a_hold_plans_nothing_keeps_its_figures_and_clears_by_itself(backlog,
+def test_a_halt_plans_nothing_keeps_its_figures_and_clears_by_itself(backlog,
                                                                      host_indicator):
-    host_indicator["signal"] = hold()
+    host_indicator["signal"] = halt()
 
     result = dispatch(POLICY, scheme="range")
 
     run = result.run
     assert (run.chunks_planned, run.state) == (0, Run.State.RUNNING)
-    recorded = Hold.objects.get()
+    recorded = Halt.objects.get()
     assert (recorded.reason, recorded.value, recorded.limit, recorded.actor) == (
         "batch_window", 42.0, 10.0, "engine")
     assert "nightly batch running: 42.0 > 10.0" in describe_dispatch(result)
-    assert run_summary(run)["held"] == [
-        f"held {recorded_took(recorded)}: nightly batch running: 42.0 > 10.0"]
+    assert run_summary(run)["halted"] == [
+        f"halted {recorded_took(recorded)}: nightly batch running: 42.0 > 10.0"]
     # Nothing in flight would look again: a recheck task was sent with the run.
     assert OrmQ.objects.filter(payload__isnull=False).count() == 1
 
-    host_indicator["signal"] = hold(value=55.0)
-    assert window.top_up_now(POLICY) == 0  # still held: the figures follow the reading
-    assert Hold.objects.get().value == 55.0
+    host_indicator["signal"] = halt(value=55.0)
+    assert window.top_up_now(POLICY) == 0  # still halted: the figures follow the reading
+    assert Halt.objects.get().value == 55.0
 
     host_indicator["signal"] = Signal(Level.OK, "batch_window", None, None, "done")
     assert window.recheck(POLICY) == 2  # the window refilled by itself
@@ -86,15 +86,15 @@ def test_a_hold_plans_nothing_keeps_its_figures_and_clears_by_itself(backlog,
     assert run.state == Run.State.COMPLETED and Lease.objects.count() == 0
 
 
-def recorded_took(hold: Hold) -> str:
-    from cleanup.engine.holds import describe
+def recorded_took(halt: Halt) -> str:
+    from cleanup.engine.halts import describe
 
-    return describe(hold).removeprefix("held ").split(":")[0]
+    return describe(halt).removeprefix("halted ").split(":")[0]
 
 
-def test_chunks_in_flight_finish_while_held_and_nothing_fails(backlog, host_indicator):
+def test_chunks_in_flight_finish_while_halted_and_nothing_fails(backlog, host_indicator):
     run = dispatch(POLICY, scheme="range").run
-    host_indicator["signal"] = hold()
+    host_indicator["signal"] = halt()
 
     while chunks := unfinished():
         assert apply_chunk(chunks[0].message) == Outcome.DELETED
@@ -102,35 +102,35 @@ def test_chunks_in_flight_finish_while_held_and_nothing_fails(backlog, host_indi
     assert (run.chunks_planned, run.state) == (2, Run.State.RUNNING)
     assert not Chunk.objects.filter(state=Chunk.State.DEAD_LETTERED).exists()
     assert Chunk.objects.filter(failures__gt=0).count() == 0
-    assert Hold.objects.filter(ended_at__isnull=True).count() == 1
+    assert Halt.objects.filter(ended_at__isnull=True).count() == 1
 
 
-def test_an_indicator_that_fails_holds_the_policy_and_says_which(backlog, host_indicator):
+def test_an_indicator_that_fails_halts_the_policy_and_says_which(backlog, host_indicator):
     host_indicator["signal"] = RuntimeError("batch API unreachable")
 
     run = dispatch(POLICY).run
 
     assert run.chunks_planned == 0
-    recorded = Hold.objects.get()
+    recorded = Halt.objects.get()
     assert recorded.reason == pressure.INDICATOR_ERROR
     assert "batch_window failed: RuntimeError: batch API unreachable" in recorded.detail
 
 
 def test_a_failed_read_in_a_chunks_transaction_keeps_its_outcome(backlog, settings):
     """The indicators run in a savepoint of their own inside the transaction that ends
-    a chunk: a query error there is a hold, and the chunk's commit stands."""
-    settings.CLEANUP_PRESSURE_INDICATORS = ["tests.test_pressure_holds.broken_query"]
+    a chunk: a query error there is a halt, and the chunk's commit stands."""
+    settings.CLEANUP_PRESSURE_INDICATORS = ["tests.test_pressure_halts.broken_query"]
     settings.CLEANUP_PRESSURE_CHECK_SECONDS = 0
-    run = dispatch(POLICY, scheme="range").run  # held from the start: nothing planned
+    run = dispatch(POLICY, scheme="range").run  # halted from the start: nothing planned
     assert run.chunks_planned == 0
     settings.CLEANUP_PRESSURE_INDICATORS = []
     window.top_up_now(POLICY)
     first = unfinished()[0]
-    settings.CLEANUP_PRESSURE_INDICATORS = ["tests.test_pressure_holds.broken_query"]
+    settings.CLEANUP_PRESSURE_INDICATORS = ["tests.test_pressure_halts.broken_query"]
 
     assert apply_chunk(first.message) == Outcome.DELETED
     assert Chunk.objects.get(pk=first.pk).state == Chunk.State.COMMITTED
-    assert Hold.objects.filter(ended_at__isnull=True).get().reason == pressure.INDICATOR_ERROR
+    assert Halt.objects.filter(ended_at__isnull=True).get().reason == pressure.INDICATOR_ERROR
 
 
 def broken_query(policy, db) -> Signal:

@@ -7,8 +7,8 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
-from cleanup.engine import holds
-from cleanup.models import Hold
+from cleanup.engine import halts
+from cleanup.models import Halt
 from tests.test_security import login
 
 pytestmark = pytest.mark.django_db
@@ -26,8 +26,8 @@ def test_an_operator_pauses_with_a_reason_and_resumes_from_the_overview(admin_cl
     assert form.status_code == 200 and b'name="reason"' in form.content
     done = admin_client.post(PAUSE, {"reason": "index rebuild"}, follow=True)
     assert done.redirect_chain[-1][0] == OVERVIEW
-    hold = Hold.objects.get(policy=POLICY, ended_at__isnull=True)
-    assert (hold.detail, hold.actor) == ("index rebuild", "admin")
+    halt = Halt.objects.get(policy=POLICY, ended_at__isnull=True)
+    assert (halt.detail, halt.actor) == ("index rebuild", "admin")
     page = done.content.decode()
     assert f"Paused {POLICY}: nothing new is planned until it is resumed." in page
     assert "paused" in page and "by admin: index rebuild" in page
@@ -35,21 +35,21 @@ def test_an_operator_pauses_with_a_reason_and_resumes_from_the_overview(admin_cl
 
     done = admin_client.post(RESUME, follow=True)
     assert f"Resumed {POLICY} after it was paused" in done.content.decode()
-    hold.refresh_from_db()
-    assert hold.ended_by == "admin" and hold.ended_at is not None
+    halt.refresh_from_db()
+    assert halt.ended_by == "admin" and halt.ended_at is not None
 
 
 def test_a_pause_without_a_reason_is_refused_with_nothing_changed(admin_client):
     response = admin_client.post(PAUSE, {"reason": ""})
     assert response.status_code == 200 and b"This field is required." in response.content
-    assert not Hold.objects.exists()
+    assert not Halt.objects.exists()
 
 
 def test_an_unknown_policy_is_refused_with_its_error(admin_client):
     url = reverse("admin:cleanup_policy_pause", args=["nope"])
     page = admin_client.post(url, {"reason": "x"}, follow=True).content.decode()
     assert "Unknown policy &#x27;nope&#x27; (known: " in page
-    assert not Hold.objects.exists()
+    assert not Halt.objects.exists()
 
 
 @pytest.mark.parametrize("role", ["support", "dispatch", "cancel"])
@@ -59,7 +59,7 @@ def test_pausing_needs_the_pause_permission(client, role):
     assert client.post(PAUSE, {"reason": "x"}).status_code == 403
     assert client.post(RESUME).status_code == 403
     assert f'href="{PAUSE}"' not in client.get(OVERVIEW).content.decode()
-    assert not Hold.objects.exists()
+    assert not Halt.objects.exists()
 
 
 def test_the_pause_permission_alone_pauses_and_resumes(client):
@@ -68,9 +68,9 @@ def test_the_pause_permission_alone_pauses_and_resumes(client):
         content_type__app_label="cleanup", codename__in=["view_run", "pause"]))
     client.force_login(user)
     client.post(PAUSE, {"reason": "vacuum full tonight"})
-    assert holds.open_holds(POLICY)[0].actor == "pauser"
+    assert halts.open_halts(POLICY)[0].actor == "pauser"
     client.post(RESUME)
-    assert not holds.open_holds(POLICY)
+    assert not halts.open_halts(POLICY)
 
 
 BAD_REASONS = [
@@ -98,4 +98,4 @@ def test_one_limit_and_one_validation_for_a_pause_from_the_command_and_the_conso
     page = admin_client.post(PAUSE, {"reason": reason})
     assert page.status_code == 200  # the form again, with the reason refused
     assert page.context["form"].errors["reason"]
-    assert not Hold.objects.exists()
+    assert not Halt.objects.exists()

@@ -1,8 +1,8 @@
-"""A hold on the live system: an operator's pause, seen by a real Prometheus server
+"""A halt on the live system: an operator's pause, seen by a real Prometheus server
 evaluating the shipped rules (their for: cut short, as tests/test_alerts_live.py does)
 while a real qcluster's scheduler fires the paused policy's slots and its workers wait.
 
-A hold is neither a missed schedule nor stalled work (invariant 10): through the whole
+A halt is neither a missed schedule nor stalled work (invariant 10): through the whole
 pause the slots fire and are dispatched (the first starts a run that plans nothing,
 the next joins it), so CleanupScheduleMissed and CleanupWorkStalled never go pending,
 and only CleanupHeldTooLong says that expired rows are waiting. Resuming clears it and
@@ -24,7 +24,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from cleanup.models import Hold, Run, Slot
+from cleanup.models import Halt, Run, Slot
 from cleanup.policies import all_policies
 from reservations.models import SeatHold
 from tests.conftest import ROOT, subprocess_env, wait_for
@@ -96,19 +96,19 @@ def test_a_pause_is_held_too_long_never_a_missed_schedule_nor_stalled_work_live(
     assert system.command("cleanup_pause", "--policy", POLICY, "--reason",
                           "nightly maintenance") == (
         f"Paused {POLICY}: nothing new is planned until cleanup_resume --policy {POLICY}.\n")
-    pause = Hold.objects.get(policy=POLICY, reason=Hold.PAUSED, ended_at__isnull=True)
+    pause = Halt.objects.get(policy=POLICY, reason=Halt.PAUSED, ended_at__isnull=True)
     system.command("cleanup_schedule")
     system.manage("cluster", "qcluster", Q_POLL="0.1", E2E_SCHEDULER="1", **SHORT_LEASE)
     cluster_started = time.monotonic()
     wait_for(lambda: system.text(f"http://127.0.0.1:{system.web_port}/metrics"),
              timeout=30, what="the app to serve /metrics")
 
-    # Held: the scheduler fires two slots, the workers dispatch both (a run that plans
+    # Halted: the scheduler fires two slots, the workers dispatch both (a run that plans
     # nothing, then the slot that joins it while older than the lease), and a lease
-    # passes after the last: only the hold is reported.
+    # passes after the last: only the halt is reported.
     def two_slots_held(alerts) -> bool:
         if alerts.get((HELD, POLICY)) == "firing":
-            timings.setdefault("held alert firing (from the pause)",
+            timings.setdefault("halted alert firing (from the pause)",
                                time.time() - pause.began_at.timestamp())
         slots = list(Slot.objects.filter(policy=POLICY, fired_at__gte=pause.began_at))
         return (alerts.get((HELD, POLICY)) == "firing" and len(slots) >= 2
@@ -116,7 +116,7 @@ def test_a_pause_is_held_too_long_never_a_missed_schedule_nor_stalled_work_live(
                 and max(slot.fired_at for slot in slots) < timezone.now() - LEASE)
     watch(system, two_slots_held, forbidden=quiet, policies=everyone, timeout=110,
           what="two slots of the paused policy to fire and be dispatched, a lease ago")
-    timings["held through two slots (from the cluster's start)"] = (
+    timings["halted through two slots (from the cluster's start)"] = (
         time.monotonic() - cluster_started)
     [held] = prometheus_alerts(system, HELD)
     assert held["labels"] == {"alertname": HELD, "policy": POLICY, "reason": "paused",
@@ -132,7 +132,7 @@ def test_a_pause_is_held_too_long_never_a_missed_schedule_nor_stalled_work_live(
     assert (run.state, run.chunks_planned, run.planned_all) == (Run.State.RUNNING, 0, False)
     assert SeatHold.objects.count() == BACKLOG + 1
 
-    # Resumed: the hold ends, its alert clears and the run removes the backlog.
+    # Resumed: the halt ends, its alert clears and the run removes the backlog.
     resumed = time.monotonic()
     assert system.command("cleanup_resume", "--policy", POLICY).startswith(
         f"Resumed {POLICY} after it was paused")
@@ -141,7 +141,7 @@ def test_a_pause_is_held_too_long_never_a_missed_schedule_nor_stalled_work_live(
         return ((HELD, POLICY) not in alerts
                 and Run.objects.filter(pk=run.pk, state=Run.State.COMPLETED).exists())
     watch(system, cleaned, forbidden=quiet, policies=everyone, timeout=40,
-          what="the held alert to clear and the run to complete")
+          what="the halted alert to clear and the run to complete")
     timings["resumed: alert cleared and run completed"] = time.monotonic() - resumed
     assert list(SeatHold.objects.values_list("pk", flat=True)) == [renewed.pk]
     run.refresh_from_db()
@@ -150,7 +150,7 @@ def test_a_pause_is_held_too_long_never_a_missed_schedule_nor_stalled_work_live(
     assert pause.ended_at is not None
 
     # What Prometheus itself kept: the two alerts never pending nor firing, at all, and
-    # the time held counted up through the pause and not a second past its end.
+    # the time halted counted up through the pause and not a second past its end.
     end = time.time()
     assert system.series(f'ALERTS{{alertname=~"{MISSED}|{STALLED}"}}', began, end) == []
     held_seconds = f'cleanup_held_seconds_total{{policy="{POLICY}",reason="paused"}}'
@@ -163,4 +163,4 @@ def test_a_pause_is_held_too_long_never_a_missed_schedule_nor_stalled_work_live(
     assert instant(system, f'cleanup_policy_held{{policy="{POLICY}"}}') == []
     timings["whole test"] = time.time() - began
     seen = sorted({result["metric"]["alertname"] for result in system.series("ALERTS", began, end)})
-    print("hold alert timings (s):", json.dumps(timings), "alerts seen:", seen)
+    print("halt alert timings (s):", json.dumps(timings), "alerts seen:", seen)

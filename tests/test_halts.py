@@ -1,5 +1,5 @@
-"""A paused policy holds: it plans and sends nothing new, chunks in flight finish,
-nothing fails for being held, slots still join the run in flight, and resuming
+"""A paused policy halts: it plans and sends nothing new, chunks in flight finish,
+nothing fails for being halted, slots still join the run in flight, and resuming
 refills the window at once; the status, the overview, /metrics and the commands say
 why."""
 
@@ -15,12 +15,12 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from cleanup.engine import holds, operations
+from cleanup.engine import halts, operations
 from cleanup.engine.dispatch import dispatch, dispatch_in_process
 from cleanup.engine.summary import describe_dispatch
 from cleanup.engine.worker import Outcome, apply_chunk
 from cleanup.exceptions import CleanupError
-from cleanup.models import Chunk, Hold, Run
+from cleanup.models import Chunk, Halt, Run
 from cleanup.observability.overview import banner, policy_overview
 from cleanup.observability.status import run_summary
 from cleanup.policies import get_policy
@@ -61,9 +61,9 @@ def test_a_paused_policy_finishes_what_is_in_flight_plans_nothing_and_resumes(ba
     drain()
     run.refresh_from_db()
     assert run.state == Run.State.COMPLETED and Lease.objects.count() == 0
-    hold = Hold.objects.get()
-    assert (hold.actor, hold.ended_by, hold.detail) == ("alice", "bob", "nightly maintenance")
-    assert hold.ended_at is not None
+    halt = Halt.objects.get()
+    assert (halt.actor, halt.ended_by, halt.detail) == ("alice", "bob", "nightly maintenance")
+    assert halt.ended_at is not None
 
 
 def test_a_dispatch_while_paused_creates_its_run_and_says_why_nothing_is_planned(backlog):
@@ -75,7 +75,7 @@ def test_a_dispatch_while_paused_creates_its_run_and_says_why_nothing_is_planned
     text = describe_dispatch(result)
     assert "the policy is paused " in text and ": replica rebuild;" in text
     assert f"cleanup_resume --policy {POLICY}" in text
-    assert run_summary(result.run)["held"] == [holds.describe(Hold.objects.get())]
+    assert run_summary(result.run)["halted"] == [halts.describe(Halt.objects.get())]
 
 
 def test_a_sync_dispatch_while_paused_hands_its_run_to_the_queue(backlog):
@@ -84,7 +84,7 @@ def test_a_sync_dispatch_while_paused_hands_its_run_to_the_queue(backlog):
     result = dispatch_in_process(POLICY)
 
     assert result.applied.handed_over and result.applied.chunks == 0
-    assert "the policy is held" in result.applied.note
+    assert "the policy is halted" in result.applied.note
     assert Lease.objects.count() == 6
 
 
@@ -101,11 +101,11 @@ def test_a_slot_that_fires_while_paused_joins_the_run_in_flight(backlog):
 def test_pausing_twice_and_resuming_twice_change_nothing_the_second_time(backlog):
     first = operations.pause_policy(POLICY, "one")
     again = operations.pause_policy(POLICY, "two")
-    assert (again.changed, again.hold.pk, again.hold.detail) == (False, first.hold.pk, "one")
+    assert (again.changed, again.halt.pk, again.halt.detail) == (False, first.halt.pk, "one")
 
     assert operations.resume_policy(POLICY).changed
     assert not operations.resume_policy(POLICY).changed
-    assert Hold.objects.count() == 1
+    assert Halt.objects.count() == 1
 
 
 def test_a_pause_needs_a_known_policy_and_a_reason_and_resume_a_pause(backlog):
@@ -115,17 +115,17 @@ def test_a_pause_needs_a_known_policy_and_a_reason_and_resume_a_pause(backlog):
         operations.pause_policy(POLICY, "   ")
     with pytest.raises(CleanupError, match="is not paused"):
         operations.resume_policy(POLICY)
-    assert not Hold.objects.exists()
+    assert not Halt.objects.exists()
 
 
-def test_the_overview_and_metrics_show_the_hold_and_the_time_held(backlog, client):
-    hold = operations.pause_policy(POLICY, "maintenance", actor="alice").hold
-    Hold.objects.filter(pk=hold.pk).update(began_at=timezone.now() - timedelta(minutes=3))
+def test_the_overview_and_metrics_show_the_halt_and_the_time_halted(backlog, client):
+    halt = operations.pause_policy(POLICY, "maintenance", actor="alice").halt
+    Halt.objects.filter(pk=halt.pk).update(began_at=timezone.now() - timedelta(minutes=3))
     now = timezone.now()
 
     alerts = banner([policy_overview(get_policy(POLICY), now)], [{"taking_work": True}])
-    held = [alert for alert in alerts if alert.kind == "held"]
-    assert len(held) == 1 and held[0].detail.startswith("paused 3 min by alice: maintenance")
+    halted = [alert for alert in alerts if alert.kind == "halted"]
+    assert len(halted) == 1 and halted[0].detail.startswith("paused 3 min by alice: maintenance")
 
     samples = scrape(client)
     labels = frozenset({"policy": POLICY, "reason": "paused"}.items())
@@ -152,8 +152,8 @@ def test_the_commands_pause_and_resume_with_json(backlog):
     out = StringIO()
     call_command("cleanup_dispatch", "--policy", POLICY, "--json", stdout=out)
     dispatched = json.loads(out.getvalue())
-    assert dispatched["held"].startswith("paused ") and (
-        f"by command ({getpass.getuser()}): maintenance" in dispatched["held"])
+    assert dispatched["halted"].startswith("paused ") and (
+        f"by command ({getpass.getuser()}): maintenance" in dispatched["halted"])
     out = StringIO()
     call_command("cleanup_resume", "--policy", POLICY, "--json", stdout=out)
     resumed = json.loads(out.getvalue())
@@ -161,19 +161,19 @@ def test_the_commands_pause_and_resume_with_json(backlog):
 
     with pytest.raises(CommandError, match="unknown policy 'nope'"):
         call_command("cleanup_pause", "--policy", "nope", "--reason", "x")
-    assert Hold.objects.count() == 1
+    assert Halt.objects.count() == 1
 
 
-def test_the_holds_of_a_policy_no_longer_registered_can_be_ended(backlog):
-    """A deploy removed the policy while it was paused (and held by its pressure): its
-    holds would stay open, and its held gauge at 1, for ever."""
-    Hold.objects.create(policy="ghost-policy", reason=Hold.PAUSED, detail="migration")
-    Hold.objects.create(policy="ghost-policy", reason="replica_lag", detail="lag")
+def test_the_halts_of_a_policy_no_longer_registered_can_be_ended(backlog):
+    """A deploy removed the policy while it was paused (and halted by its pressure): its
+    halts would stay open, and its halted gauge at 1, for ever."""
+    Halt.objects.create(policy="ghost-policy", reason=Halt.PAUSED, detail="migration")
+    Halt.objects.create(policy="ghost-policy", reason="replica_lag", detail="lag")
     out = StringIO()
 
     call_command("cleanup_resume", "--policy", "ghost-policy", stdout=out)
 
-    assert not Hold.objects.filter(policy="ghost-policy", ended_at__isnull=True).exists()
+    assert not Halt.objects.filter(policy="ghost-policy", ended_at__isnull=True).exists()
     assert "Resumed ghost-policy" in out.getvalue()
     with pytest.raises(CommandError, match="unknown policy 'ghost-policy'"):
         call_command("cleanup_resume", "--policy", "ghost-policy", stdout=StringIO())
