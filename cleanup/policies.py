@@ -160,6 +160,12 @@ def get_policy(name: str) -> Policy:
         raise UnknownPolicy(name, sorted(_registry)) from None
 
 
+def find_policy(name: str) -> Policy | None:
+    """The policy registered under ``name``, or None: one a deploy removed, named by a
+    run or a task written before it."""
+    return _registry.get(name)
+
+
 def all_policies() -> list[Policy]:
     return [_registry[name] for name in sorted(_registry)]
 

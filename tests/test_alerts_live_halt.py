@@ -123,7 +123,7 @@ def test_a_pause_is_held_too_long_never_a_missed_schedule_nor_stalled_work_live(
                               "severity": "ticket"}
     assert held["state"] == "firing"
     assert held["annotations"]["summary"] == (
-        f"{POLICY}: held (paused) for more than 30 minutes")
+        f"{POLICY}: halted (paused) for more than 30 minutes")
     slots = Slot.objects.filter(policy=POLICY, fired_at__gte=pause.began_at).order_by("fired_at")
     outcomes = [slot.outcome for slot in slots]
     assert outcomes == [Slot.Outcome.STARTED] + [Slot.Outcome.COALESCED] * (len(outcomes) - 1)

@@ -91,7 +91,7 @@ def test_two_deliveries_at_once_each_end_their_own_entry(expired_leases):
     first = transitions.start_delivery(chunk, received_at=timezone.now(), worker="a:1:x")
     chunk.refresh_from_db()
     second = transitions.start_delivery(chunk, received_at=timezone.now(), worker="b:2:y")
-    transitions.retry(chunk, error="Traceback (most recent call last):\n  x\n"
+    transitions.to_retrying(chunk, error="Traceback (most recent call last):\n  x\n"
                       "OperationalError: server closed the connection", retries=0,
                       delivery=first)
 
@@ -160,13 +160,13 @@ def test_the_chunk_page_shows_each_delivery(settings, expired_leases, admin_clie
     assert leases.this_process().rsplit(":", 1)[0] in text
 
 
-def test_a_paused_run_says_it_is_held_and_by_whom(expired_leases):
+def test_a_paused_run_says_it_is_halted_and_by_whom(expired_leases):
     run = dispatch("expire-leases").run
     operations.pause_policy("expire-leases", "nightly maintenance", actor="alice")
 
-    [held, *_] = waits.why_it_waits(run)
-    assert held.startswith("held: paused ")
-    assert "by alice: nightly maintenance" in held
+    [halted, *_] = waits.why_it_waits(run)
+    assert halted.startswith("halted: paused ")
+    assert "by alice: nightly maintenance" in halted
 
 
 def test_a_run_with_its_window_full_of_retrying_chunks_says_on_what_and_since_when(

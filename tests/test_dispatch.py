@@ -199,7 +199,7 @@ def test_interrupted_sync_run_is_finished_by_dispatching_its_key_again(
     from cleanup.engine import transitions
 
     chunk_size("expire-leases", 2)
-    real_record = transitions.commit
+    real_record = transitions.to_committed
     committed = []
 
     def die_on_second_chunk(chunk, *args, **kwargs):
@@ -208,10 +208,10 @@ def test_interrupted_sync_run_is_finished_by_dispatching_its_key_again(
         committed.append(chunk.chunk_id)
         real_record(chunk, *args, **kwargs)
 
-    monkeypatch.setattr(transitions, "commit", die_on_second_chunk)
+    monkeypatch.setattr(transitions, "to_committed", die_on_second_chunk)
     with pytest.raises(KeyboardInterrupt):
         dispatch_in_process("expire-leases", key="small-table")
-    monkeypatch.setattr(transitions, "commit", real_record)
+    monkeypatch.setattr(transitions, "to_committed", real_record)
 
     again = dispatch_in_process("expire-leases", key="small-table")
 

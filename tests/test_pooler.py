@@ -283,7 +283,7 @@ def test_a_held_policy_goes_on_by_itself_once_the_pressure_clears_three_times(
         the_ledger_equals_reality(run, renewed + kept)
         Lease.objects.all().delete()
     assert not Halt.objects.filter(policy=POLICY, ended_at__isnull=True).exists()
-    print("\nheld policy behind the pooler went on "
+    print("\nhalted policy behind the pooler went on "
           + ", ".join(f"{wait:.1f} s" for wait in waits) + " after its pressure cleared")
 
 

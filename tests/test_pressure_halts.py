@@ -74,7 +74,8 @@ def test_a_halt_plans_nothing_keeps_its_figures_and_clears_by_itself(backlog,
     assert OrmQ.objects.filter(payload__isnull=False).count() == 1
 
     host_indicator["signal"] = halt(value=55.0)
-    assert window.top_up_now(POLICY) == 0  # still halted: the figures follow the reading
+    # Still halted: the figures follow the reading.
+    assert window.top_up_now(get_policy(POLICY)) == 0
     assert Halt.objects.get().value == 55.0
 
     host_indicator["signal"] = Signal(Level.OK, "batch_window", None, None, "done")
@@ -124,7 +125,7 @@ def test_a_failed_read_in_a_chunks_transaction_keeps_its_outcome(backlog, settin
     run = dispatch(POLICY, scheme="range").run  # halted from the start: nothing planned
     assert run.chunks_planned == 0
     settings.CLEANUP_PRESSURE_INDICATORS = []
-    window.top_up_now(POLICY)
+    window.top_up_now(get_policy(POLICY))
     first = unfinished()[0]
     settings.CLEANUP_PRESSURE_INDICATORS = ["tests.test_pressure_halts.broken_query"]
 

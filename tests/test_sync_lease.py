@@ -43,7 +43,7 @@ def lapse(name: str) -> None:
 def in_process_run(settings) -> Run:
     """A run dispatched for the queue, then claimed by this process as --sync does."""
     run = dispatch("expire-leases").run
-    assert sync_lease.acquire(run.pk) and transitions.claim_in_process(run.pk)
+    assert sync_lease.acquire(run.pk) and transitions.queued_to_in_process(run.pk)
     return run
 
 

@@ -138,7 +138,7 @@ def test_an_interrupted_sync_dispatch_hands_its_run_to_the_queue_at_once(backlog
                                                                         monkeypatch):
     from cleanup.engine import transitions
 
-    real_commit = transitions.commit
+    real_commit = transitions.to_committed
     committed = []
 
     def interrupted_on_the_third_chunk(chunk, *args, **kwargs):
@@ -147,7 +147,7 @@ def test_an_interrupted_sync_dispatch_hands_its_run_to_the_queue_at_once(backlog
         committed.append(chunk.chunk_id)
         return real_commit(chunk, *args, **kwargs)
 
-    monkeypatch.setattr(transitions, "commit", interrupted_on_the_third_chunk)
+    monkeypatch.setattr(transitions, "to_committed", interrupted_on_the_third_chunk)
     with pytest.raises(KeyboardInterrupt):
         dispatch_in_process("expire-leases")
 

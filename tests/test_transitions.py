@@ -29,14 +29,14 @@ TABLE = {
     "cancel": dict.fromkeys(UNFINISHED, S.CANCELLED),
 }
 APPLY = {
-    "enqueue": lambda chunk: transitions.enqueue([chunk.pk]),
-    "commit": lambda chunk: transitions.commit(chunk, deleted=1, retries=0, elapsed=0.01),
-    "acknowledge": lambda chunk: transitions.acknowledge(Q(pk=chunk.pk)),
-    "retry": lambda chunk: transitions.retry(chunk, error="lock timeout", retries=3),
-    "dead_letter": lambda chunk: transitions.dead_letter(chunk, "bad", "malformed"),
-    "requeue": lambda chunk: transitions.requeue([chunk.pk]),
-    "discard": lambda chunk: transitions.discard([chunk.pk], "not needed"),
-    "cancel": lambda chunk: transitions.cancel_runs([chunk.run_id]),
+    "enqueue": lambda chunk: transitions.planned_to_enqueued([chunk.pk]),
+    "commit": lambda chunk: transitions.to_committed(chunk, deleted=1, retries=0, elapsed=0.01),
+    "acknowledge": lambda chunk: transitions.to_acknowledged(Q(pk=chunk.pk)),
+    "retry": lambda chunk: transitions.to_retrying(chunk, error="lock timeout", retries=3),
+    "dead_letter": lambda chunk: transitions.to_dead_lettered(chunk, "bad", "malformed"),
+    "requeue": lambda chunk: transitions.dead_to_enqueued([chunk.pk]),
+    "discard": lambda chunk: transitions.dead_to_discarded([chunk.pk], "not needed"),
+    "cancel": lambda chunk: transitions.runs_to_cancelled([chunk.run_id]),
 }
 COUNTERS = ("rows_deleted", "deliveries_completed", "failures", "dead_letters",
             "transient_retries", "noop_deliveries", "items_skipped")
@@ -61,13 +61,13 @@ def test_each_transition_moves_only_the_states_its_guard_allows(expired_leases, 
 def test_a_run_settles_from_its_chunks_and_a_cancelled_run_stays_cancelled(expired_leases):
     run = dispatch("expire-leases").run
     chunk = run.chunks.get()
-    outcomes.dead_letter(chunk, "bad", "malformed")
+    outcomes.dead_lettered(chunk, "bad", "malformed")
     assert Run.objects.get(pk=run.pk).state == Run.State.COMPLETED_WITH_DEAD_LETTERS
-    transitions.requeue([chunk.pk])
+    outcomes.requeued([chunk.pk])
     assert Run.objects.get(pk=run.pk).state == Run.State.RUNNING
-    outcomes.cancel_runs([run.pk])
+    outcomes.cancelled([run.pk])
     chunk.refresh_from_db()
-    outcomes.commit(chunk, deleted=0, retries=0, elapsed=0.0)  # a late delivery
+    outcomes.committed(chunk, deleted=0, retries=0, elapsed=0.0)  # a late delivery
     assert Run.objects.get(pk=run.pk).state == Run.State.CANCELLED
     assert transitions.settle_run(run.pk).state == Run.State.CANCELLED
 
@@ -78,18 +78,18 @@ def test_a_transition_changes_only_its_chunk_and_the_outcome_settles_the_run(exp
     run = dispatch("expire-leases").run
     chunk = run.chunks.get()
 
-    assert transitions.commit(chunk, deleted=5, retries=0, elapsed=0.01)
+    assert transitions.to_committed(chunk, deleted=5, retries=0, elapsed=0.01)
     assert Run.objects.get(pk=run.pk).state == Run.State.RUNNING
-    outcomes.advance_and_settle(run.pk)
+    transitions.settle_run(run.pk)
     assert Run.objects.get(pk=run.pk).state == Run.State.COMPLETED
 
 
 def test_a_dead_letter_of_a_cancelled_run_is_not_requeued(expired_leases):
     run = dispatch("expire-leases").run
     chunk = run.chunks.get()
-    transitions.dead_letter(chunk, "bad", "malformed")
+    transitions.to_dead_lettered(chunk, "bad", "malformed")
     Run.objects.filter(pk=run.pk).update(state=Run.State.CANCELLED)
 
-    assert transitions.requeue([chunk.pk]) == []
+    assert transitions.dead_to_enqueued([chunk.pk]) == []
     chunk.refresh_from_db()
     assert chunk.state == S.DEAD_LETTERED

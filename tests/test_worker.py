@@ -178,7 +178,7 @@ def test_cutoff_stays_frozen_when_the_clock_moves_on_during_retries(
     # Expired by now, but not at the frozen cutoff: a later delivery must leave it.
     later = LeaseFactory(account=account, expires_at=cutoff + timedelta(minutes=30))
     chunk = only_chunk(dispatch("expire-leases", scheme="range", cutoff=cutoff).run)
-    real_record, real_now = transitions.commit, timezone.now
+    real_record, real_now = transitions.to_committed, timezone.now
     attempts = []
 
     def fail_once_then_move_the_clock(*args, **kwargs):
@@ -188,7 +188,7 @@ def test_cutoff_stays_frozen_when_the_clock_moves_on_during_retries(
             monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(days=1))
             raise OperationalError("injected: connection lost before commit")
 
-    monkeypatch.setattr(transitions, "commit", fail_once_then_move_the_clock)
+    monkeypatch.setattr(transitions, "to_committed", fail_once_then_move_the_clock)
 
     assert apply_chunk(chunk.message) == Outcome.DELETED
     assert len(attempts) == 2
@@ -521,8 +521,8 @@ def test_a_commit_keeps_no_cpu_wait_it_was_not_given_and_never_more_than_its_tim
         expired_leases, chunk_size):
     chunk_size("expire-leases", 3)
     first, second = chunks_of(dispatch("expire-leases").run)
-    transitions.commit(first, deleted=0, retries=0, elapsed=0.05)
-    transitions.commit(second, deleted=0, retries=0, elapsed=0.05, cpu_wait=0.5)
+    transitions.to_committed(first, deleted=0, retries=0, elapsed=0.05)
+    transitions.to_committed(second, deleted=0, retries=0, elapsed=0.05, cpu_wait=0.5)
     first.refresh_from_db()
     second.refresh_from_db()
     assert (first.duration_ms, first.cpu_wait_ms) == (50, None)

@@ -1,12 +1,17 @@
 """Start a run: freeze its cutoff, record its span and send its first window of chunks,
 all in one transaction, then count what was eligible; the run plans the rest as it goes
-(cleanup.engine.window). ``describe_dispatch`` (cleanup.engine.summary) says what a dispatch
-did, for the command and the console alike."""
+(cleanup.engine.window).
+
+Each entry point reads top to bottom: check the request (``_request``), answer with the
+run its key already names (``_existing``), or create the run (``_create``: ``_start``
+plans the first window, then the count), applying it here for ``--sync``
+(``_dispatch_here``). The one ``Policy`` looked up by ``_request`` is carried down.
+``DispatchResult`` and the sentence that says what a dispatch did live in
+cleanup.engine.summary."""
 
 from __future__ import annotations
 
 import uuid
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -26,9 +31,9 @@ from cleanup.engine.in_process import (
     rows_changed_by,
     waiting_behind,
 )
-from cleanup.engine.preview import Preview, preview
-from cleanup.engine.summary import describe_dispatch
-from cleanup.exceptions import BadKey, KeyReused, UnknownPolicy
+from cleanup.engine.preview import preview
+from cleanup.engine.summary import DispatchResult, describe_dispatch
+from cleanup.exceptions import BadKey, KeyReused
 from cleanup.models import ROWS_CHANGED, Chunk, Run
 from cleanup.policies import Policy, check_scheme, get_policy
 
@@ -39,34 +44,21 @@ __all__ = ["DispatchResult", "check_key", "describe_dispatch", "dispatch",
 
 
 @dataclass(frozen=True)
-class DispatchResult:
-    run: Run | None
-    created: bool
-    policy: str
+class Request:
+    """One dispatch request with every input checked, before anything is written."""
+
+    policy: Policy
     scheme: str
     cutoff: datetime
-    candidates: int
-    chunks: int
-    dry_run: bool = False
-    coalesced: bool = False  # the run in flight that took this request
-    # False while the run still plans its chunks as it goes: candidates and chunks
-    # count only what is planned so far.
-    planned_all: bool = True
-    # A dry run's counts per partition, as the admin's preview shows them.
-    preview: Preview | None = None
-    # Rows eligible at the cutoff when the run was dispatched, counted once; None for a
-    # run dispatched before they were counted.
-    eligible: int | None = None
-    # The first window as this dispatch planned it (a run it created).
-    first_chunks: int = 0
-    first_rows: int = 0
-    # A run that got no room in the policy's window: the run it waits behind.
-    waiting_behind: uuid.UUID | None = None
-    # --sync: what this process applied, and whether it handed the rest to the queue.
-    applied: Applied | None = None
-    # Why the policy plans nothing now, in words (a pause), when it is halted.
-    halted: str = ""
-    mutation: str = "delete"
+    frozen: dict[str, datetime]  # the policy's deadlines at that cutoff
+    key: str
+    key_given: bool  # a key the caller named: the run that has it answers the request
+    trigger: str = Run.Trigger.COMMAND
+    replay_of: Run | None = None
+    # What was asked as such (None: the default), held against the run a key names.
+    asked_scheme: str | None = None
+    asked_cutoff: datetime | None = None
+
 
 
 def dispatch(
@@ -89,8 +81,16 @@ def dispatch(
     under the policy's planning lock, so concurrent requests cannot both miss it), once
     any run whose ``--sync`` process died has been taken over.
     """
-    return _dispatch(policy_name, scheme=scheme, cutoff=cutoff, key=key, trigger=trigger,
-                     replay_of=replay_of, coalesce_within=coalesce_within)
+    request = _request(policy_name, scheme, cutoff, key, trigger, replay_of)
+    if Conf.SYNC:
+        # django-q2's sync mode would run each task inside the dispatch's transaction,
+        # before the run commits: the chunks are applied after it instead.
+        return _dispatch_here(request, coalesce_within=coalesce_within)
+    if existing := _run_of_key(request):
+        return _existing(existing, request)
+    result = _create(request, uuid.uuid4(), in_process=False, coalesce_within=coalesce_within)
+    # None: another dispatcher with the same key committed first.
+    return result or _existing(Run.objects.get(dispatch_key=request.key), request)
 
 
 def dispatch_in_process(
@@ -106,8 +106,8 @@ def dispatch_in_process(
     (``--sync``), under the run's lease (cleanup.engine.sync_lease); the run is handed
     to the queue if this process cannot finish it. ``progress(chunks, rows, eligible)``
     is called after each chunk applied."""
-    return _dispatch(policy_name, scheme=scheme, cutoff=cutoff, key=key, trigger=trigger,
-                     sync=True, progress=progress)
+    request = _request(policy_name, scheme, cutoff, key, trigger, None)
+    return _dispatch_here(request, progress=progress)
 
 
 def preview_dispatch(
@@ -118,112 +118,120 @@ def preview_dispatch(
     replay_of: Run | None = None,
 ) -> DispatchResult:
     """What ``dispatch`` would do, counted per partition; nothing is planned or written."""
-    return _dispatch(policy_name, scheme=scheme, cutoff=cutoff, replay_of=replay_of,
-                     dry_run=True)
+    request = _request(policy_name, scheme, cutoff, None, Run.Trigger.COMMAND, replay_of)
+    policy = request.policy
+    counted = preview(policy, request.cutoff, request.scheme,
+                      sizing.chunk_size(policy, request.scheme))
+    return DispatchResult(request, preview=counted)
 
 
-def _dispatch(
-    policy_name: str,
-    *,
-    scheme: str | None = None,
-    cutoff: datetime | None = None,
-    key: str | None = None,
-    trigger: str = Run.Trigger.COMMAND,
-    replay_of: Run | None = None,
-    sync: bool = False,
-    dry_run: bool = False,
-    coalesce_within: timedelta | None = None,
-    progress: Progress | None = None,
-) -> DispatchResult:
+def _request(policy_name: str, scheme: str | None, cutoff: datetime | None,
+             key: str | None, trigger: str, replay_of: Run | None) -> Request:
+    """Check every input of a dispatch (a ``CleanupError`` names what is wrong) and
+    freeze its cutoff."""
     policy = get_policy(policy_name)
-    requested_scheme, scheme = scheme, check_scheme(scheme, policy)
+    checked_scheme = check_scheme(scheme, policy)
     key = check_key(key)
-    requested_cutoff = None if cutoff is None else frozen_cutoff(
-        cutoff, not_before=replay_of.cutoff if replay_of else None
-    )
-    cutoff = requested_cutoff or frozen_cutoff(None)
-    frozen = policy.freeze(cutoff)
-    if dry_run:
-        counted = preview(policy, cutoff, scheme, sizing.chunk_size(policy, scheme))
-        return DispatchResult(
-            None, False, policy.name, scheme, cutoff, counted.rows, counted.chunks, dry_run=True,
-            preview=counted, eligible=counted.rows, mutation=policy.mutation,
-        )
+    asked_cutoff = None if cutoff is None else frozen_cutoff(
+        cutoff, not_before=replay_of.cutoff if replay_of else None)
+    frozen_at = asked_cutoff or frozen_cutoff(None)
+    return Request(policy, checked_scheme, frozen_at, policy.freeze(frozen_at),
+                   key or f"command:{uuid.uuid4()}", key is not None, trigger, replay_of,
+                   scheme, asked_cutoff)
 
-    request = (policy.name, requested_scheme, requested_cutoff)
-    if key is not None and (existing := Run.objects.filter(dispatch_key=key).first()):
-        return _existing(existing, request, sync=sync, progress=progress)
-    key = key or f"command:{uuid.uuid4()}"
-    # django-q2's sync mode would run each task inside this transaction, before the
-    # run commits; apply the chunks after it instead.
-    sync = sync or Conf.SYNC
+
+def _run_of_key(request: Request) -> Run | None:
+    if not request.key_given:
+        return None
+    return Run.objects.filter(dispatch_key=request.key).first()
+
+
+def _dispatch_here(request: Request, *, coalesce_within: timedelta | None = None,
+                   progress: Progress | None = None) -> DispatchResult:
+    """Dispatch, then apply the run's chunks in this process under its lease."""
+    if existing := _run_of_key(request):
+        return _existing(existing, request, here=True, progress=progress)
     run_id = uuid.uuid4()
     # The lease is taken before the run commits, so no session ever sees the run in
     # process with nobody holding it.
-    with sync_lease.holding(run_id) if sync else nullcontext():
-        try:
-            result = _start(policy, run_id, key, cutoff, frozen, scheme, trigger, replay_of,
-                            sync=sync, coalesce_within=coalesce_within)
-        except IntegrityError:
-            result = None  # another dispatcher with the same key committed first
+    with sync_lease.holding(run_id):
+        result = _create(request, run_id, in_process=True, coalesce_within=coalesce_within)
         if result is not None and result.created:
-            result = replace(result, eligible=_count_eligible(policy, frozen, result.run))
-            _log_dispatched(result, key, trigger)
-            if sync:
-                result = _with_applied(result, apply_in_process(result.run, progress))
+            return _with_applied(result, apply_in_process(result.run, progress))
     if result is None:
-        return _existing(Run.objects.get(dispatch_key=key), request, sync=sync,
+        return _existing(Run.objects.get(dispatch_key=request.key), request, here=True,
                          progress=progress)
+    return result  # a run in flight took the request
+
+
+def _create(request: Request, run_id, *, in_process: bool,
+            coalesce_within: timedelta | None) -> DispatchResult | None:
+    """Create the run and send its first window (or join a run in flight), then count
+    what was eligible; None if another dispatcher with the same key committed first."""
+    try:
+        run, created = _start(request, run_id, in_process=in_process,
+                              coalesce_within=coalesce_within)
+    except IntegrityError:
+        return None
+    if not created:
+        return _result(run, request, created=False, coalesced=True)
+    _count_eligible(request, run)
+    result = _result(run, request, created=True, first=True)
+    log.info("dispatched", dispatch_key=request.key, trigger=str(request.trigger),
+             window=run.window, chunk_size=run.chunk_size, max_span=run.max_span,
+             in_process=run.in_process, **_logged(result))
     return result
 
 
-def _start(policy: Policy, run_id, key, cutoff, frozen, scheme, trigger, replay_of, *,
-           sync: bool, coalesce_within: timedelta | None) -> DispatchResult:
-    """Create the run and plan its first window in one transaction (or join a run in
-    flight)."""
+def _start(request: Request, run_id, *, in_process: bool,
+           coalesce_within: timedelta | None) -> tuple[Run, bool]:
+    """Create the run and plan its first window in one transaction, or find the run in
+    flight a slot joins; return the run and whether it was created."""
+    policy, scheme = request.policy, request.scheme
     with transaction.atomic():
         window.lock_policy(policy.name)
         if coalesce_within is not None:
             # Never join a run that nobody applies: a dead --sync run is the queue's first.
             window.take_over_abandoned(policy.name)
             if in_flight := _in_flight(policy, coalesce_within):
-                return _result(in_flight, created=False, coalesced=True)
+                return in_flight, False
         size = sizing.chunk_size(policy, scheme)
-        span = planning.span(policy, frozen, scheme)
+        max_span = sizing.max_span(policy, scheme, size)
+        span = planning.span(policy, request.frozen, scheme)
         run = transitions.create_run(
             id=run_id,
             policy=policy.name,
-            dispatch_key=key,
-            cutoff=cutoff,
-            parameters={name: value.isoformat() for name, value in frozen.items()
+            dispatch_key=request.key,
+            cutoff=request.cutoff,
+            parameters={name: value.isoformat() for name, value in request.frozen.items()
                         if name != "cutoff"},
             scheme=scheme,
-            trigger=trigger,
-            replay_of=replay_of,
+            trigger=request.trigger,
+            replay_of=request.replay_of,
             chunk_size=size,
             next_chunk_size=size,
-            max_span=sizing.max_span(policy, scheme, size),
+            max_span=max_span,
             span_start=span.start,
             span_end=span.end,
             frontier=frontier.dump(span.frontier),
             planned_all=span.frontier is None,
             window=window.size(policy),
-            in_process=sync,
+            in_process=in_process,
         )
         # The first window; the run waits for room if the policy's other runs
         # hold the whole window.
-        window.top_up(policy.name, strict=True)
+        window.top_up(policy, strict=True)
         run.refresh_from_db()
         if run.planned_all and run.chunks_planned == 0:
             run = transitions.settle_run(run.pk)  # nothing to do: completed
-        return _result(run, created=True, first=True)
+        return run, True
 
 
 # How long counting the rows eligible at dispatch may take before it is given up.
 ELIGIBLE_COUNT_TIMEOUT_MS = 10_000
 
 
-def _count_eligible(policy: Policy, frozen: dict[str, datetime], run: Run) -> int | None:
+def _count_eligible(request: Request, run: Run) -> int | None:
     """Count the rows eligible at dispatch, once the first window is on its way (so the
     count, a scan of the backlog, never delays the first chunk nor holds the planning
     lock), and record it on the run.
@@ -232,9 +240,10 @@ def _count_eligible(policy: Policy, frozen: dict[str, datetime], run: Run) -> in
     run's chunks changed meanwhile, each chunk's rows and its ledger row being gone (or
     there) together.
     """
+    policy = request.policy
     # Grouped by a constant: one row (or none, hence the Coalesce) per subquery.
-    eligible = (policy.eligible_rows(frozen).order_by().annotate(one=Value(1)).values("one")
-                .annotate(n=Count("pk")).values("n"))
+    eligible = (policy.eligible_rows(request.frozen).order_by().annotate(one=Value(1))
+                .values("one").annotate(n=Count("pk")).values("n"))
     changed = Chunk.objects.filter(run_id=run.pk).order_by().values("run_id").annotate(
         n=Sum(ROWS_CHANGED)).values("n")
     try:
@@ -256,23 +265,16 @@ def _count_eligible(policy: Policy, frozen: dict[str, datetime], run: Run) -> in
     return run.eligible_at_dispatch
 
 
-def _result(run: Run, *, created: bool, coalesced: bool = False, first: bool = False,
-            applied: Applied | None = None) -> DispatchResult:
+def _result(run: Run, request: Request, *, created: bool, coalesced: bool = False,
+            first: bool = False) -> DispatchResult:
     """What a dispatch returns about ``run``, as the ledger has it now."""
     waiting = (run.state == Run.State.RUNNING and run.chunks_planned == 0
                and not run.planned_all)
-    try:
-        mutation = get_policy(run.policy).mutation
-    except UnknownPolicy:
-        mutation = "delete"
     return DispatchResult(
-        run, created, run.policy, run.scheme, run.cutoff, run.candidates, run.chunks_planned,
-        coalesced=coalesced, planned_all=run.planned_all,
-        eligible=run.eligible_at_dispatch,
+        request, run, created=created, coalesced=coalesced,
         first_chunks=run.chunks_planned if first else 0,
         first_rows=run.candidates if first else 0,
         waiting_behind=waiting_behind(run) if waiting else None,
-        applied=applied, mutation=mutation,
         halted="; ".join(halts.describe(halt) for halt in halts.open_halts(run.policy))
         if run.state == Run.State.RUNNING else "",
     )
@@ -280,39 +282,20 @@ def _result(run: Run, *, created: bool, coalesced: bool = False, first: bool = F
 
 def _with_applied(result: DispatchResult, applied: Applied) -> DispatchResult:
     """The result once this process has applied what it could of the run."""
-    run = result.run
-    run.refresh_from_db()
-    result = replace(result, run=run, candidates=run.candidates, chunks=run.chunks_planned,
-                     planned_all=run.planned_all, applied=applied)
-    log.info("applied in process", run_id=str(run.id), policy=run.policy,
-             chunks_applied=applied.chunks, rows_changed=applied.rows,
-             eligible=run.eligible_at_dispatch, handed_to_queue=applied.handed_over,
-             note=applied.note, state=str(run.state), summary=describe_dispatch(result))
+    result.run.refresh_from_db()
+    result = replace(result, applied=applied)
+    log.info("applied in process", chunks_applied=applied.chunks, rows_changed=applied.rows,
+             handed_to_queue=applied.handed_over, note=applied.note, **_logged(result))
     return result
 
 
-def _log_dispatched(result: DispatchResult, key: str, trigger: str) -> None:
-    run = result.run
-    log.info(
-        "dispatched",
-        run_id=str(run.id),
-        policy=run.policy,
-        scheme=run.scheme,
-        cutoff=run.cutoff.isoformat(),
-        parameters=run.parameters,
-        dispatch_key=key,
-        trigger=str(trigger),
-        eligible=result.eligible,
-        first_chunks=result.first_chunks,
-        first_rows=result.first_rows,
-        waiting_behind=str(result.waiting_behind) if result.waiting_behind else None,
-        planned_all=run.planned_all,
-        window=run.window,
-        chunk_size=run.chunk_size,
-        max_span=run.max_span,
-        in_process=run.in_process,
-        summary=describe_dispatch(result),
-    )
+def _logged(result: DispatchResult) -> dict:
+    """What each log line of a dispatch says of its run."""
+    fields = result.fields()
+    return {name: fields[name] for name in (
+        "run_id", "policy", "scheme", "cutoff", "eligible", "first_chunks", "first_rows",
+        "waiting_behind", "planned_all", "summary")} | {
+        "parameters": result.run.parameters, "state": str(result.run.state)}
 
 
 def check_key(key: str | None) -> str | None:
@@ -339,15 +322,17 @@ def _in_flight(policy: Policy, within: timedelta) -> Run | None:
     )
 
 
-def _existing(run: Run, request: tuple, *, sync: bool,
+def _existing(run: Run, request: Request, *, here: bool = False,
               progress: Progress | None = None) -> DispatchResult:
-    """Return the run a key already names, if the request is the same one."""
-    policy, scheme, cutoff = request
+    """Return the run a key already names, if the request is the same one (``here``:
+    and apply what is left of it in this process)."""
     contradictions = [
         f"{what} {asked} (the run has {has})"
-        for what, asked, has in (("policy", policy, run.policy), ("scheme", scheme, run.scheme),
-                                 ("cutoff", cutoff and cutoff.isoformat(),
-                                  run.cutoff.isoformat()))
+        for what, asked, has in (
+            ("policy", request.policy.name, run.policy),
+            ("scheme", request.asked_scheme, run.scheme),
+            ("cutoff", request.asked_cutoff and request.asked_cutoff.isoformat(),
+             run.cutoff.isoformat()))
         if asked is not None and asked != has
     ]
     if contradictions:
@@ -355,9 +340,9 @@ def _existing(run: Run, request: tuple, *, sync: bool,
             f"dispatch key {run.dispatch_key!r} belongs to run {run.id}; this request asks "
             f"for {', '.join(contradictions)}: use another key"
         )
-    applied = _finish_here(run, progress) if sync else None
+    applied = _finish_here(run, progress) if here else None
     run.refresh_from_db()
-    return _result(run, created=False, applied=applied)
+    return replace(_result(run, request, created=False), applied=applied)
 
 
 def _finish_here(run: Run, progress: Progress | None) -> Applied | None:
@@ -367,7 +352,7 @@ def _finish_here(run: Run, progress: Progress | None) -> Applied | None:
         return Applied(0, rows_changed_by(run), note="another process is applying this run "
                        "(it holds the run's lease); nothing was applied here")
     try:
-        if not transitions.claim_in_process(run.pk):
+        if not transitions.queued_to_in_process(run.pk):
             return None
         return apply_in_process(run, progress)
     finally:

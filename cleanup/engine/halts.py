@@ -39,11 +39,12 @@ class HaltChange:
     planned: int = 0  # chunks planned at once on resuming
 
 
-def record_pressure(policy_name: str, signal: Signal, halted: list[Halt]) -> None:
+def record_pressure(policy_name: str, signal: Signal) -> list[Halt]:
     """Keep the ledger in line with the policy's pressure signal, in the caller's
     transaction (under the policy's planning lock): a halt opens when a signal halts,
     its figures follow the latest reading, and it ends once the signal clears or names
-    another reason. ``halted`` is the policy's open halts, as read by the caller."""
+    another reason. Returns the policy's halts that were open (read first)."""
+    halted = open_halts(policy_name)
     now = timezone.now()
     pressure = [halt for halt in halted if halt.reason not in Halt.ENDED_BY_OPERATOR]
     halting = signal.level is Level.HALT
@@ -63,6 +64,7 @@ def record_pressure(policy_name: str, signal: Signal, halted: list[Halt]) -> Non
                             limit=signal.limit, detail=signal.detail, actor="engine")
         log.warning("policy halted", policy=policy_name, reason=signal.reason,
                     detail=signal.detail)
+    return halted
 
 
 def begin(policy_name: str, reason: str, *, detail: str, actor: str, cause: str = "",

@@ -75,7 +75,7 @@ def apply_in_process(run: Run, progress: Progress | None = None) -> Applied:
                         "the queue, which retries it")
                 window.hand_over(run.pk, reason=note)
                 return Applied(applied, rows_changed_by(run), True, note, chunk.chunk_id, cause)
-            transitions.acknowledge(Q(pk=chunk.pk))
+            transitions.to_acknowledged(Q(pk=chunk.pk))
             applied += 1
             rows += _rows_of(chunk)
             if progress is not None:

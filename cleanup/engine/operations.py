@@ -14,7 +14,7 @@ import structlog
 from django.db import transaction
 
 from cleanup.display import SHORT_ID_LENGTH, id_range, parse_id
-from cleanup.engine import halts, outcomes, transitions, transport, window
+from cleanup.engine import halts, outcomes, transport, window
 from cleanup.exceptions import CleanupError, UnknownChunk, UnknownPolicy, UnknownRun
 from cleanup.models import Chunk, Halt, Run
 from cleanup.policies import get_policy
@@ -107,7 +107,7 @@ def requeue(pks: Iterable[int], *, resend: bool = True, actor: str = "") -> Acti
     """
     pks = list(pks)
     with transaction.atomic():
-        chunks = transitions.requeue(pks)
+        chunks = outcomes.requeued(pks)
         if resend:
             transport.send(chunks)
     _log("requeued", chunks, actor)
@@ -119,7 +119,7 @@ def discard(pks: Iterable[int], reason: str, *, actor: str = "") -> ActionResult
     reason = required_reason(reason)
     pks = list(pks)
     with transaction.atomic():
-        chunks = outcomes.discard(pks, reason)
+        chunks = outcomes.discarded(pks, reason)
     _log("discarded", chunks, actor, reason=reason)
     return ActionResult(len(chunks), len(pks) - len(chunks), tuple(c.pk for c in chunks))
 
@@ -136,7 +136,7 @@ def cancel(run_ids: Iterable, *, actor: str = "") -> ActionResult:
     delivery of them is a no-op. Work already committed stays."""
     run_ids = list(run_ids)
     with transaction.atomic():
-        cancelled = outcomes.cancel_runs(run_ids)
+        cancelled = outcomes.cancelled(run_ids)
     for run, chunks in cancelled:
         log.info("run cancelled", run_id=str(run.id), policy=run.policy,
                  chunks_cancelled=chunks, actor=actor)
@@ -201,7 +201,7 @@ def resume_policy(policy_name: str, *, actor: str = "") -> halts.HaltChange:
             return halts.HaltChange(last, changed=False)
     # Its own transaction, after the halts ended: the window refills as a chunk's end
     # would.
-    planned = window.top_up_now(policy.name)
+    planned = window.top_up_now(policy)
     for halt in ended:
         log.info("policy resumed", policy=policy.name, reason=halt.reason, actor=actor,
                  planned=planned, halted_for=str(halt.ended_at - halt.began_at))

@@ -1,10 +1,13 @@
-"""A chunk's end, in the caller's transaction: the transition, then the policy's window
-topped up, then the run settled.
+"""A chunk's outcome, in the caller's transaction: the transition, then the policy's
+window topped up, then the run settled.
 
 Whatever ends a chunk (its commit, its dead letter, an operator's discard or cancel)
-comes through here, so the frontier advances whatever one chunk's fate and a run is
-completed by the transaction that finished its last chunk. The transitions themselves
-(cleanup.engine.transitions) know nothing of the window; the window
+or brings it back (a requeue) comes through here, so the frontier advances whatever
+one chunk's fate and a run's state follows its chunks in the transaction that changed
+them. Each layer names a step its own way: an operation for what the operator asked
+(``operations.discard``), an outcome for what became of the chunk
+(``outcomes.discarded``), a transition for its edge (``transitions.dead_to_discarded``).
+The transitions (cleanup.engine.transitions) know nothing of the window; the window
 (cleanup.engine.window) knows nothing of how chunks end.
 """
 
@@ -17,35 +20,36 @@ from django.db import transaction
 
 from cleanup.engine import failing, transitions, window
 from cleanup.models import Chunk, Run
+from cleanup.policies import Policy, find_policy
 
 log = structlog.get_logger("cleanup.ledger")
 
 
-def commit(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
+def committed(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
            updated: int = 0, locked: int = 0, cpu_wait: float | None = None,
-           policy: str | None = None, delivery: int | None = None) -> bool:
-    """``transitions.commit``, then the window topped up and the run settled
+           policy: Policy | None = None, delivery: int | None = None) -> bool:
+    """``transitions.to_committed``, then the window topped up and the run settled
     (``policy``: the run's, where the caller knows it)."""
-    committed = transitions.commit(chunk, deleted=deleted, retries=retries, elapsed=elapsed,
+    committed = transitions.to_committed(chunk, deleted=deleted, retries=retries, elapsed=elapsed,
                                    updated=updated, locked=locked, cpu_wait=cpu_wait,
                                    delivery=delivery)
     if committed:
-        advance_and_settle(chunk.run_id, policy=policy)
+        _top_up_and_settle(chunk.run_id, policy=policy)
     return committed
 
 
-def dead_letter(chunk: Chunk, reason: str, failure_class: str, *, received: str = "",
+def dead_lettered(chunk: Chunk, reason: str, failure_class: str, *, received: str = "",
                 delivery: int | None = None) -> bool:
-    """``transitions.dead_letter`` in a savepoint with the top-up and the settling; False
+    """``transitions.to_dead_lettered`` in a savepoint with the top-up and the settling; False
     if the chunk had finished (a committed chunk is never dead-lettered). A run whose
     chunks mostly fail halts its policy first (cleanup.engine.failing), so the top-up
     plans nothing more of it."""
     with transaction.atomic():
-        dead = transitions.dead_letter(chunk, reason, failure_class, received=received,
+        dead = transitions.to_dead_lettered(chunk, reason, failure_class, received=received,
                                        delivery=delivery)
         if dead:
             failing.weigh(chunk.run_id)
-            advance_and_settle(chunk.run_id)
+            _top_up_and_settle(chunk.run_id)
     if dead:
         log.warning(
             "chunk dead-lettered",
@@ -57,32 +61,45 @@ def dead_letter(chunk: Chunk, reason: str, failure_class: str, *, received: str 
     return dead
 
 
-def discard(pks: Iterable[int], reason: str) -> list[Chunk]:
-    """``transitions.discard``; then each run's window and state, runs in lock order."""
-    chunks = transitions.discard(pks, reason)
+def discarded(pks: Iterable[int], reason: str) -> list[Chunk]:
+    """``transitions.dead_to_discarded``; then each run's window and state, runs in lock
+    order."""
+    chunks = transitions.dead_to_discarded(pks, reason)
     for run_id in transitions.in_lock_order({c.run_id for c in chunks}):
-        advance_and_settle(run_id)
+        _top_up_and_settle(run_id)
     return chunks
 
 
-def cancel_runs(run_ids: Iterable) -> list[tuple[Run, int]]:
-    """``transitions.cancel_runs``; the room the runs held goes to their policies' other
+def requeued(pks: Iterable[int]) -> list[Chunk]:
+    """``transitions.dead_to_enqueued``; then each run settled (it reopens), runs in lock
+    order. No top-up: the chunks requeued take room in the window, they give none."""
+    chunks = transitions.dead_to_enqueued(pks)
+    for run_id in transitions.in_lock_order({c.run_id for c in chunks}):
+        transitions.settle_run(run_id)
+    return chunks
+
+
+def cancelled(run_ids: Iterable) -> list[tuple[Run, int]]:
+    """``transitions.runs_to_cancelled``; the room the runs held goes to their policies' other
     runs once this commits (topping up locks runs under the planning lock, and this
     transaction already holds runs)."""
-    cancelled = transitions.cancel_runs(run_ids)
-    for policy in sorted({run.policy for run, _ in cancelled}):
-        transaction.on_commit(lambda policy=policy: window.top_up_now(policy))
+    cancelled = transitions.runs_to_cancelled(run_ids)
+    for name in sorted({run.policy for run, _ in cancelled}):
+        if (policy := find_policy(name)) is not None:
+            transaction.on_commit(lambda policy=policy: window.top_up_now(policy))
     return cancelled
 
 
-def advance_and_settle(run_id, *, policy: str | None = None) -> Run:
+def _top_up_and_settle(run_id, *, policy: Policy | None = None) -> Run:
     """Top the run's policy's window up (in a savepoint: the chunk's end commits even if
     planning fails), then bring the run's state in line with its chunks.
 
     ``policy`` is the run's policy where the caller has it (a chunk's worker does),
-    which saves reading it on every chunk's end."""
+    which saves reading it on every chunk's end; a policy a deploy removed plans
+    nothing."""
     if policy is None:
-        policy = Run.objects.filter(pk=run_id).values_list("policy", flat=True).first()
+        name = Run.objects.filter(pk=run_id).values_list("policy", flat=True).first()
+        policy = find_policy(name) if name is not None else None
     if policy is not None:
         window.top_up_safely(policy)
     return transitions.settle_run(run_id)

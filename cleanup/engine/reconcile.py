@@ -22,6 +22,7 @@ from django_q.brokers import get_broker
 from cleanup.engine import transitions, transport, window
 from cleanup.engine.transport import lease
 from cleanup.models import Chunk, Run
+from cleanup.policies import Policy, find_policy
 
 log = structlog.get_logger("cleanup.reconcile")
 
@@ -66,7 +67,7 @@ def reconcile(now: datetime | None = None) -> ReconcileResult:
             .order_by("pk")[:BATCH]
         )
         never_sent = [c.pk for c in chunks if c.state == Chunk.State.PLANNED]
-        transitions.enqueue(never_sent, now)
+        transitions.planned_to_enqueued(never_sent, now)
         transitions.count_reconciled([c.pk for c in chunks], now)
         transport.send(chunks)
     for chunk in chunks:
@@ -96,13 +97,19 @@ def _top_up_windows() -> int:
     planned = 0
     policies = (Run.objects.filter(state=Run.State.RUNNING, planned_all=False)
                 .values_list("policy", flat=True).distinct().order_by("policy"))
-    for policy in policies:
+    for policy in _registered(policies):
         try:
             topped = window.top_up_now(policy)
         except Exception as exc:  # noqa: BLE001 - one policy must not stop the re-sends
-            log.error("topping up the window failed", policy=policy, error=str(exc))
+            log.error("topping up the window failed", policy=policy.name, error=str(exc))
             continue
         if topped:
-            log.warning("window topped up by the reconciler", policy=policy, chunks=topped)
+            log.warning("window topped up by the reconciler", policy=policy.name,
+                        chunks=topped)
         planned += topped
     return planned
+
+
+def _registered(names) -> list[Policy]:
+    """The policies of these names still registered (a deploy may have removed one)."""
+    return [policy for name in names if (policy := find_policy(name)) is not None]

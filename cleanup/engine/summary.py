@@ -1,15 +1,114 @@
-"""The sentence that says what a dispatch did and what it knows: the command prints it,
-the console shows it after a dispatch from the admin, the log line carries it."""
+"""What a dispatch did: the result it returns, that result as JSON (``cleanup_dispatch
+--json``, the log line) and in one sentence (the command, the console after a dispatch
+from the admin)."""
 
 from __future__ import annotations
 
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from cleanup.display import number, utc_text
 
 if TYPE_CHECKING:
-    from cleanup.engine.dispatch import DispatchResult
+    from cleanup.engine.dispatch import Request
     from cleanup.engine.in_process import Applied
+    from cleanup.engine.preview import Preview
+    from cleanup.models import Run
+
+
+@dataclass(frozen=True)
+class DispatchResult:
+    """What a dispatch did: the run it created, joined or found by its key, or what a
+    dry run would plan (``preview``). The run's figures are read from the run."""
+
+    request: Request
+    run: Run | None = None  # None: a dry run
+    preview: Preview | None = None  # a dry run's counts per partition
+    created: bool = False
+    coalesced: bool = False  # the run in flight that took this request
+    # The first window as this dispatch planned it (a run it created).
+    first_chunks: int = 0
+    first_rows: int = 0
+    # A run that got no room in the policy's window: the run it waits behind.
+    waiting_behind: uuid.UUID | None = None
+    # --sync: what this process applied, and whether it handed the rest to the queue.
+    applied: Applied | None = None
+    # Why the policy plans nothing now, in words (a pause), when it is halted.
+    halted: str = ""
+
+    @property
+    def dry_run(self) -> bool:
+        return self.run is None
+
+    @property
+    def policy(self) -> str:
+        return self.request.policy.name
+
+    @property
+    def mutation(self) -> str:
+        return self.request.policy.mutation
+
+    @property
+    def scheme(self) -> str:
+        return self.run.scheme if self.run else self.request.scheme
+
+    @property
+    def cutoff(self) -> datetime:
+        return self.run.cutoff if self.run else self.request.cutoff
+
+    @property
+    def candidates(self) -> int:
+        """Rows planned so far (a dry run's: the rows it would plan)."""
+        return self.run.candidates if self.run else self.preview.rows
+
+    @property
+    def chunks(self) -> int:
+        return self.run.chunks_planned if self.run else self.preview.chunks
+
+    @property
+    def planned_all(self) -> bool:
+        """False while the run still plans its chunks as it goes: ``candidates`` and
+        ``chunks`` count only what is planned so far."""
+        return self.run.planned_all if self.run else True
+
+    @property
+    def eligible(self) -> int | None:
+        """Rows eligible at the cutoff when the run was dispatched, counted once; None
+        when that count failed, or for a run dispatched before they were counted."""
+        return self.run.eligible_at_dispatch if self.run else self.preview.rows
+
+    def fields(self) -> dict:
+        """The result, JSON-safe: what ``cleanup_dispatch --json`` prints."""
+        run, applied = self.run, self.applied
+        return {
+            "run_id": str(run.id) if run else None,
+            "created": self.created,
+            "dry_run": self.dry_run,
+            "policy": self.policy,
+            "scheme": self.scheme,
+            "cutoff": self.cutoff.isoformat(timespec="microseconds"),
+            "candidates": self.candidates,
+            "eligible": self.eligible,
+            "first_chunks": self.first_chunks,
+            "first_rows": self.first_rows,
+            "waiting_behind": str(self.waiting_behind) if self.waiting_behind else None,
+            "halted": self.halted or None,
+            "planned_all": self.planned_all,
+            "state": run.state if run else None,
+            # --sync: what this process applied, and whether the queue has the rest.
+            "sync": None if applied is None else {
+                "chunks_applied": applied.chunks,
+                "rows_changed": applied.rows,
+                "rows_locked": applied.rows_locked,
+                "handed_to_queue": applied.handed_over,
+                "failed_chunk": applied.failed_chunk,
+                "cause": applied.cause or None,
+                "note": applied.note or None,
+            },
+            "summary": describe_dispatch(self),
+        }
 
 
 def describe_dispatch(result: DispatchResult) -> str:

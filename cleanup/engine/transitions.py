@@ -45,14 +45,14 @@ UNFINISHED = Chunk.UNFINISHED
 HISTORY_KEPT = 50
 
 
-def enqueue(pks: Iterable[int], now: datetime | None = None) -> int:
+def planned_to_enqueued(pks: Iterable[int], now: datetime | None = None) -> int:
     """planned → enqueued, as their messages are sent."""
     return Chunk.objects.filter(pk__in=list(pks), state=Chunk.State.PLANNED).update(
         state=Chunk.State.ENQUEUED, enqueued_at=now or timezone.now()
     )
 
 
-def commit(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
+def to_committed(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
            updated: int = 0, locked: int = 0, cpu_wait: float | None = None,
            delivery: int | None = None) -> bool:
     """unfinished → committed, with the outcome, in the transaction of the chunk's DELETE.
@@ -127,14 +127,14 @@ def _ended(delivery: int | None, outcome: str, *, error: str = "", rows: int = 0
     return {"history": MergedWhere("history", "n", delivery, patch)}
 
 
-def acknowledge(chunks: Q) -> int:
+def to_acknowledged(chunks: Q) -> int:
     """committed → acknowledged, once the broker has acknowledged the message."""
     return Chunk.objects.filter(chunks, state=Chunk.State.COMMITTED).update(
         state=Chunk.State.ACKNOWLEDGED, acknowledged_at=timezone.now()
     )
 
 
-def retry(chunk: Chunk, *, error: str, retries: int, delivery: int | None = None) -> bool:
+def to_retrying(chunk: Chunk, *, error: str, retries: int, delivery: int | None = None) -> bool:
     """unfinished → retrying: the delivery failed transiently and is left for redelivery."""
     return bool(Chunk.objects.filter(pk=chunk.pk, state__in=UNFINISHED).update(
         **_ended(delivery, "left for redelivery", error=error, retries=retries),
@@ -147,7 +147,7 @@ def retry(chunk: Chunk, *, error: str, retries: int, delivery: int | None = None
     ))
 
 
-def dead_letter(chunk: Chunk, reason: str, failure_class: str, *,
+def to_dead_lettered(chunk: Chunk, reason: str, failure_class: str, *,
                 received: str = "", delivery: int | None = None) -> bool:
     """unfinished → dead_lettered with the class of its failure (and the message the
     delivery carried, where it differs from the one sent); False if it had finished
@@ -173,8 +173,9 @@ def dead_letter(chunk: Chunk, reason: str, failure_class: str, *,
     ))
 
 
-def requeue(pks: Iterable[int]) -> list[Chunk]:
-    """dead_lettered → enqueued, unless the run was cancelled; the runs reopen.
+def dead_to_enqueued(pks: Iterable[int]) -> list[Chunk]:
+    """dead_lettered → enqueued, unless the run was cancelled (the caller settles the
+    runs, which reopen).
 
     The deliveries that never completed are set aside, so the poison limit counts
     afresh; the counters themselves keep adding. Returns the chunks requeued, locked.
@@ -192,12 +193,10 @@ def requeue(pks: Iterable[int]) -> list[Chunk]:
         chunk.state = Chunk.State.ENQUEUED
         chunk.enqueued_at = now
         chunk.save(update_fields=["unfinished_forgiven", "state", "enqueued_at"])
-    for run_id in in_lock_order({c.run_id for c in chunks}):
-        settle_run(run_id)
     return chunks
 
 
-def discard(pks: Iterable[int], reason: str) -> list[Chunk]:
+def dead_to_discarded(pks: Iterable[int], reason: str) -> list[Chunk]:
     """dead_lettered → discarded with a reason; returns the chunks discarded, locked."""
     chunks = list(_lock_chunks(Chunk.objects.filter(pk__in=list(pks),
                                                     state=Chunk.State.DEAD_LETTERED)))
@@ -207,7 +206,7 @@ def discard(pks: Iterable[int], reason: str) -> list[Chunk]:
     return chunks
 
 
-def cancel_runs(run_ids: Iterable) -> list[tuple[Run, int]]:
+def runs_to_cancelled(run_ids: Iterable) -> list[tuple[Run, int]]:
     """running → cancelled, and each run's unfinished chunks → cancelled.
 
     Chunks are locked before runs: the order a committing worker takes its locks in.
@@ -259,14 +258,14 @@ def in_lock_order(run_ids) -> list:
                 .values_list("pk", flat=True))
 
 
-def cancel_late(chunk: Chunk) -> bool:
+def late_to_cancelled(chunk: Chunk) -> bool:
     """unfinished → cancelled, for a delivery that finds its run cancelled after the
     cancel passed its chunk by (a delivery held it then)."""
     return bool(Chunk.objects.filter(pk=chunk.pk, state__in=UNFINISHED).update(
         state=Chunk.State.CANCELLED))
 
 
-def hand_over(run_id) -> bool:
+def in_process_to_queued(run_id) -> bool:
     """in process → queued: a running run its dispatching process no longer applies
     (it died, or gave the run up) is the workers' from now on; False if it was not
     in process or has finished (a finished run keeps the record of how it ran)."""
@@ -281,7 +280,7 @@ def record_eligible(run_id, rows: int) -> bool:
                 .update(eligible_at_dispatch=rows))
 
 
-def claim_in_process(run_id) -> bool:
+def queued_to_in_process(run_id) -> bool:
     """queued → in process: a ``--sync`` dispatch of the run's key applies what is left
     of it here; False if the run has finished. Chunks of it still in the queue are
     applied here too: their queued deliveries then find nothing left, and are no-ops."""
@@ -361,7 +360,7 @@ def count_reconciled(pks: Iterable[int], now: datetime) -> None:
                                                   reconciles=F("reconciles") + 1)
 
 
-def fold(pks: Iterable[int]) -> int:
+def to_folded(pks: Iterable[int]) -> int:
     """Mark chunks folded: their counters are in LedgerTotal now
     (cleanup.observability.counters); any later change unfolds them in the database."""
     return Chunk.objects.filter(pk__in=list(pks), folded=False).update(folded=True)

@@ -88,7 +88,7 @@ def send_planned(run_id) -> int:
             .filter(run_id=run_id, state=Chunk.State.PLANNED)
             .order_by("chunk_id")
         )
-        transitions.enqueue([c.pk for c in chunks])
+        transitions.planned_to_enqueued([c.pk for c in chunks])
         return send(chunks)
 
 
@@ -103,5 +103,5 @@ def send_unfinished(run_id) -> int:
             .filter(run_id=run_id, state__in=Chunk.UNFINISHED)
             .order_by("chunk_id")
         )
-        transitions.enqueue([c.pk for c in chunks if c.state == Chunk.State.PLANNED])
+        transitions.planned_to_enqueued([c.pk for c in chunks if c.state == Chunk.State.PLANNED])
         return send(chunks)

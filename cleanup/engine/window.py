@@ -40,9 +40,9 @@ from cleanup.engine import (
     transport,
 )
 from cleanup.engine.pressure import Level
-from cleanup.exceptions import UnknownPolicy, summary_of
+from cleanup.exceptions import summary_of
 from cleanup.models import Chunk, Halt, Run
-from cleanup.policies import Policy, get_policy
+from cleanup.policies import Policy, find_policy
 
 log = structlog.get_logger("cleanup.window")
 
@@ -66,7 +66,7 @@ def lock_policy(policy_name: str) -> None:
         )
 
 
-def top_up(policy_name: str, *, strict: bool = False, recheck: bool = True) -> int:
+def top_up(policy: Policy, *, strict: bool = False, recheck: bool = True) -> int:
     """Plan and send chunks of the policy's running runs, oldest run first, until W are
     in flight or every run is planned; return how many were planned.
 
@@ -77,10 +77,6 @@ def top_up(policy_name: str, *, strict: bool = False, recheck: bool = True) -> i
     the database's pressure halts plans nothing; with nothing of it in flight, a
     recheck task is sent to look again (``recheck`` False: the caller is that task).
     """
-    try:
-        policy = get_policy(policy_name)
-    except UnknownPolicy:
-        return 0  # a policy no longer registered plans nothing more
     lock_policy(policy.name)
     runs = list(Run.objects.filter(policy=policy.name, state=Run.State.RUNNING)
                 .filter(Q(planned_all=False) | Q(in_process=True))
@@ -88,9 +84,8 @@ def top_up(policy_name: str, *, strict: bool = False, recheck: bool = True) -> i
     _take_over(policy.name, [pk for pk, _, in_process in runs if in_process])
     if not (runs := [row for row in runs if not row[1]]):
         return 0  # every run planned: no pressure to read
-    halted = halts.open_halts(policy.name)
     signal = pressure.check(policy)
-    halts.record_pressure(policy.name, signal, halted)
+    halted = halts.record_pressure(policy.name, signal)
     if any(halt.reason in Halt.ENDED_BY_OPERATOR for halt in halted) or (
             signal.level is Level.HALT):
         # Nothing new until the halt ends (cleanup.engine.halts); with nothing in flight
@@ -147,8 +142,8 @@ def take_over_abandoned(policy_name: str) -> list:
     taken = _take_over(policy_name, list(
         Run.objects.filter(policy=policy_name, state=Run.State.RUNNING, in_process=True)
         .values_list("pk", flat=True)))
-    if taken:
-        top_up(policy_name)  # the window refilled, as a chunk's end would
+    if taken and (policy := find_policy(policy_name)) is not None:
+        top_up(policy)  # the window refilled, as a chunk's end would
     return taken
 
 
@@ -181,21 +176,22 @@ def hand_over(run_id, reason: str) -> bool:
     are sent and the policy's window is topped up; False if it was no longer in process
     (taken over meanwhile) or has finished."""
     with transaction.atomic():
-        policy = Run.objects.filter(pk=run_id).values_list("policy", flat=True).first()
-        if policy is None:
+        name = Run.objects.filter(pk=run_id).values_list("policy", flat=True).first()
+        if name is None:
             return False
-        lock_policy(policy)
+        lock_policy(name)
         handed = _to_queue(run_id)
-        top_up(policy)
+        if (policy := find_policy(name)) is not None:
+            top_up(policy)
     if handed:
-        log.info("run handed to the queue", run_id=str(run_id), policy=policy, reason=reason)
+        log.info("run handed to the queue", run_id=str(run_id), policy=name, reason=reason)
     return handed
 
 
 def _to_queue(run_id) -> bool:
     """in process → queued, and the unfinished chunks sent (with the ORM broker in this
     transaction, otherwise once it commits)."""
-    if not transitions.hand_over(run_id):
+    if not transitions.in_process_to_queued(run_id):
         return False
     if transport.queue_shares_transaction():
         transport.send_unfinished(run_id)
@@ -204,21 +200,21 @@ def _to_queue(run_id) -> bool:
     return True
 
 
-def top_up_safely(policy_name: str) -> int:
+def top_up_safely(policy: Policy) -> int:
     """``top_up`` in a savepoint: a chunk's outcome commits even if planning the next
     one fails (the reconciler tops the window up again later)."""
     try:
         with transaction.atomic():
-            return top_up(policy_name)
+            return top_up(policy)
     except Exception as exc:  # noqa: BLE001 - the outcome must commit whatever failed
-        log.error("planning the next chunk failed", policy=policy_name, error=str(exc))
+        log.error("planning the next chunk failed", policy=policy.name, error=str(exc))
         return 0
 
 
-def top_up_now(policy_name: str) -> int:
+def top_up_now(policy: Policy) -> int:
     """``top_up`` in a transaction of its own."""
     with transaction.atomic():
-        return top_up(policy_name)
+        return top_up(policy)
 
 
 def _plan_next(run: Run, policy: Policy) -> bool:
@@ -285,8 +281,10 @@ def recheck(policy_name: str) -> int:
             if not leases.renew(lease, owner, interval + RECHECK_LEASE_MARGIN_SECONDS):
                 return 0  # lapsed while this worker was stopped: another took over
             pressure.forget(policy_name)
+            if (policy := find_policy(policy_name)) is None:
+                return 0  # removed by a deploy: nothing to plan for it
             with transaction.atomic():
-                planned = top_up(policy_name, recheck=False)
+                planned = top_up(policy, recheck=False)
                 halted = (Halt.objects.filter(policy=policy_name, ended_at__isnull=True)
                         .exclude(reason__in=Halt.ENDED_BY_OPERATOR).exists())
             if not halted:

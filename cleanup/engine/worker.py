@@ -125,8 +125,8 @@ def apply_chunk(raw, *, leased: bool = False) -> Outcome:
             if not transient(exc):
                 # Deterministic (a bug, a predicate the database rejects): another
                 # delivery would fail the same way.
-                outcomes.dead_letter(chunk, traceback_of(exc), Chunk.FailureClass.ERROR,
-                                     delivery=delivery)
+                outcomes.dead_lettered(chunk, traceback_of(exc), Chunk.FailureClass.ERROR,
+                                       delivery=delivery)
                 return Outcome.DEAD_LETTERED
             if retries >= conf.TRANSIENT_RETRIES:
                 _record_failure(chunk, exc, retries, delivery)
@@ -169,7 +169,7 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int,
         if state in Chunk.UNFINISHED and locked_rows.run_cancelled(
                 current.run_id, row_lock_wait=not skip_locked):
             # Cancelled while a delivery held this chunk: nothing more is deleted.
-            transitions.cancel_late(current)
+            transitions.late_to_cancelled(current)
             state = Chunk.State.CANCELLED
         deleted = updated = locked = 0
         if state not in Chunk.UNFINISHED:
@@ -193,10 +193,10 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int,
                 # What is still eligible here is what others kept locked: the rows this
                 # transaction changed are gone from its sight or no longer eligible.
                 locked = eligible.count()
-            outcomes.commit(current, deleted=deleted, updated=updated, locked=locked,
-                            retries=retries, elapsed=time.monotonic() - started,
-                            cpu_wait=cpu_wait.since(waited), policy=policy.name,
-                            delivery=delivery)
+            outcomes.committed(current, deleted=deleted, updated=updated, locked=locked,
+                               retries=retries, elapsed=time.monotonic() - started,
+                               cpu_wait=cpu_wait.since(waited), policy=policy,
+                               delivery=delivery)
             faults.reach(faults.BEFORE_COMMIT)
     log.info(
         "chunk outcome",
@@ -291,8 +291,8 @@ def _refuse(raw, chunk: Chunk, reason: str, failure_class: str, delivery: int) -
     """Dead-letter a chunk for a message it cannot act on; if the chunk had already
     finished, keep the message where malformed ones are kept, so it leaves a trace."""
     received = _if_other(raw, chunk)
-    if not outcomes.dead_letter(chunk, reason, failure_class, received=received,
-                                delivery=delivery):
+    if not outcomes.dead_lettered(chunk, reason, failure_class, received=received,
+                                   delivery=delivery):
         orphans.record_orphan(raw, f"{reason} (chunk already {chunk.state})",
                              run_id=str(chunk.run_id), chunk_id=chunk.chunk_id)
 
@@ -340,7 +340,7 @@ def _unfinished(chunk: Chunk) -> int:
 
 
 def _record_failure(chunk: Chunk, exc: BaseException, retries: int, delivery: int) -> None:
-    transitions.retry(chunk, error=traceback_of(exc), retries=retries, delivery=delivery)
+    transitions.to_retrying(chunk, error=traceback_of(exc), retries=retries, delivery=delivery)
     log.warning(
         "chunk failed, left for redelivery",
         **transitions.chunk_fields(chunk),

@@ -240,7 +240,7 @@ def fold(now: datetime | None = None, batch: int = FOLD_BATCH) -> int:
                 return folded
             chunks = Chunk.objects.filter(pk__in=ids)
             roll_up(_chunk_aggregates(chunks, {**CHUNK_SUMS, **STATE_COUNTS}))
-            transitions.fold(ids)
+            transitions.to_folded(ids)
         folded += len(ids)
 
 

@@ -94,7 +94,7 @@ def chunk_rows(run: Run, *, state: str | None = None, limit: int | None = None) 
 
 def requeue_preview(pks) -> dict[str, list[int]]:
     """The chunks a requeue of these chunk pks would send again, by run id: the
-    dead-lettered ones of runs not cancelled (what ``transitions.requeue`` takes)."""
+    dead-lettered ones of runs not cancelled (what ``transitions.dead_to_enqueued`` takes)."""
     found: dict[str, list[int]] = {}
     rows = (Chunk.objects.filter(pk__in=list(pks), state=Chunk.State.DEAD_LETTERED)
             .exclude(run__state=Run.State.CANCELLED)

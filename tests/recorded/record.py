@@ -317,7 +317,7 @@ def record_recheck() -> None:
     task = SignedPackage.loads(broker.packages[0])
     task.update(id=uuid.uuid5(uuid.NAMESPACE_URL, "recheck").hex, name="recorded-recheck",
                 started=iso(2026, 12, 2, 13, 0).isoformat(), args=list(task["args"]))
-    document = {"about": "A held policy's recheck task, as window.recheck_later queued it",
+    document = {"about": "A halted policy's recheck task, as window.recheck_later queued it",
                 "built_by": f"{full(commit)}:cleanup/engine/window.py", "task": task}
     path = HERE / "tasks" / "recheck-pressure.json"
     path.parent.mkdir(exist_ok=True)

@@ -6,12 +6,7 @@ from contextlib import contextmanager
 
 from cleanup.cutoffs import parse_cutoff
 from cleanup.display import number
-from cleanup.engine.dispatch import (
-    describe_dispatch,
-    dispatch,
-    dispatch_in_process,
-    preview_dispatch,
-)
+from cleanup.engine.dispatch import dispatch, dispatch_in_process, preview_dispatch
 from cleanup.management.base import CleanupCommand, count
 from cleanup.observability.status import run_summary
 from cleanup.policies import SCHEMES
@@ -50,38 +45,11 @@ class Command(CleanupCommand):
                 result = dispatch(policy, scheme=scheme, cutoff=cutoff, key=key)
         if show:
             self.stderr.write("", style_func=str)
-        applied = result.applied
-        return {
-            "run_id": str(result.run.id) if result.run else None,
-            "created": result.created,
-            "dry_run": result.dry_run,
-            "policy": result.policy,
-            "scheme": result.scheme,
-            "cutoff": result.cutoff.isoformat(timespec="microseconds"),
-            "candidates": result.candidates,
-            "eligible": result.eligible,
-            "first_chunks": result.first_chunks,
-            "first_rows": result.first_rows,
-            "waiting_behind": str(result.waiting_behind) if result.waiting_behind else None,
-            "halted": result.halted or None,
-            # By state with a total, as in every command; a dry run has only the total.
-            "chunks": (run_summary(result.run)["chunks"] if result.run
-                       else {"total": result.chunks}),
-            "planned_all": result.planned_all,
-            "state": result.run.state if result.run else None,
-            # --sync: what this process applied, and whether the queue has the rest.
-            "sync": None if applied is None else {
-                "chunks_applied": applied.chunks,
-                "rows_changed": applied.rows,
-                "rows_locked": applied.rows_locked,
-                "handed_to_queue": applied.handed_over,
-                "failed_chunk": applied.failed_chunk,
-                "cause": applied.cause or None,
-                "note": applied.note or None,
-            },
-            "summary": describe_dispatch(result),
-            "seconds": round(time.monotonic() - started, 3),
-        }
+        # By state with a total, as in every command; a dry run has only the total.
+        chunks = (run_summary(result.run)["chunks"] if result.run
+                  else {"total": result.chunks})
+        return {**result.fields(), "chunks": chunks,
+                "seconds": round(time.monotonic() - started, 3)}
 
     def _progress(self, chunks: int, rows: int, eligible: int | None) -> None:
         of = "" if eligible is None else f" of {number(eligible)}"
