@@ -14,6 +14,7 @@ from cleanup.engine import frontier
 from cleanup.engine.dispatch import dispatch
 from cleanup.engine.window import top_up_now
 from cleanup.models import Run
+from cleanup.policies import get_policy
 from tests.engine_app.factories import LeaseFactory
 
 pytestmark = pytest.mark.django_db
@@ -91,7 +92,7 @@ def test_a_bad_frontier_stops_that_run_planning_with_its_reason(run_with_a_bad_f
     run = run_with_a_bad_frontier
     run.chunks.update(state="committed")
 
-    top_up_now("expire-leases")
+    top_up_now(get_policy("expire-leases"))
 
     run.refresh_from_db()
     assert "is not one the engine writes" in run.planning_error
