@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from cleanup.engine.dispatch import dispatch_in_process
@@ -17,6 +17,7 @@ from cleanup.models import Event, EventTotal
 from cleanup.observability import events as event_metrics
 from cleanup.outbox import discard, emit, publish, registered
 from cleanup.retention import PURGE_EVENTS
+from tests.conftest import database_url
 from tests.outbox_handlers import record_effect
 from tests.test_metrics import scrape
 
@@ -107,7 +108,7 @@ def test_a_scrape_behind_a_table_lock_answers_unknown_and_the_age_goes_on(client
     locked, release = threading.Event(), threading.Event()
 
     def hold_the_table():
-        with psycopg.connect(_dsn(), autocommit=True) as other:
+        with psycopg.connect(database_url(), autocommit=True) as other:
             other.execute("BEGIN; LOCK TABLE cleanup_event IN ACCESS EXCLUSIVE MODE")
             locked.set()
             release.wait(60)
@@ -128,7 +129,3 @@ def test_a_scrape_behind_a_table_lock_answers_unknown_and_the_age_goes_on(client
     event_metrics._last_oldest.clear()
 
 
-def _dsn() -> str:
-    settings = connection.settings_dict
-    return (f"dbname={settings['NAME']} user={settings['USER']} host={settings['HOST']} "
-            f"port={settings['PORT'] or 5432}")

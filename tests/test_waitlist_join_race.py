@@ -18,15 +18,11 @@ from cleanup.models import Event
 from reservations.exceptions import SeatAvailable
 from reservations.models import SeatHold, WaitlistEntry
 from reservations.waitlist import SEAT_FREED, join_waitlist
+from tests.conftest import database_url
 from tests.factories import SeatHoldFactory, SectionFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-
-def dsn() -> str:
-    settings = connection.settings_dict
-    return (f"dbname={settings['NAME']} user={settings['USER']} host={settings['HOST']} "
-            f"port={settings['PORT'] or 5432}")
 
 
 def test_a_join_during_a_chunks_delete_waits_for_it_and_sees_the_seat_free():
@@ -36,7 +32,7 @@ def test_a_join_during_a_chunks_delete_waits_for_it_and_sees_the_seat_free():
     # Alive as the learner looks; the chunk takes it as it expires (its cutoff later).
     ending = SeatHoldFactory(section=section, learner_ref="bo",
                              expires_at=now + timedelta(hours=1))
-    with psycopg.connect(dsn()) as chunk:
+    with psycopg.connect(database_url()) as chunk:
         chunk.execute("DELETE FROM reservations_seathold WHERE id = %s", [ending.pk])
         # The chunk's trigger has looked for a waitlist and found none: no event.
         done = threading.Event()
@@ -69,7 +65,7 @@ def test_a_join_committed_first_makes_the_chunks_trigger_write_the_event():
     hold = SeatHoldFactory(section=section, learner_ref="ada",
                            expires_at=now + timedelta(hours=1))
     entry = join_waitlist(section.pk, "cy", now=now)
-    with psycopg.connect(dsn()) as chunk:
+    with psycopg.connect(database_url()) as chunk:
         chunk.execute("DELETE FROM reservations_seathold WHERE id = %s", [hold.pk])
     assert entry.state == "waiting"
     assert list(Event.objects.values_list("name", "key")) == [
@@ -82,7 +78,7 @@ def test_a_join_never_waits_for_a_renewal():
     section = SectionFactory(capacity=1)
     hold = SeatHoldFactory(section=section, learner_ref="ada",
                            expires_at=timezone.now() + timedelta(hours=1))
-    with psycopg.connect(dsn()) as renewal:
+    with psycopg.connect(database_url()) as renewal:
         renewal.execute("UPDATE reservations_seathold SET expires_at = expires_at + "
                         "interval '15 minutes' WHERE id = %s", [hold.pk])
         started = time.monotonic()
