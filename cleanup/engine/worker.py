@@ -27,6 +27,7 @@ from cleanup.engine import (
     pressure,
     sync_lease,
     transitions,
+    transport,
 )
 from cleanup.engine.messages import ChunkMessage
 from cleanup.exceptions import LeaseLost, MalformedMessage, UnknownPolicy, traceback_of
@@ -152,16 +153,13 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int,
            delivery: int, *, leased: bool = False, skip_locked: bool = False) -> Outcome:
     started, waited = time.monotonic(), cpu_wait.waited()
     with _chunk_transaction():
-        bound_transaction(chunk)
+        bound_transaction(chunk, durable_before_ack=not leased)
         if leased and not sync_lease.renew(chunk.run_id):
             raise LeaseLost(f"run {chunk.run_id} was taken over by the workers")
         faults.reach(faults.BEFORE_CHUNK_LOCK)
         # Not the message: the delivery's start already compared it with the ledger.
-        current = (
-            Chunk.objects.select_for_update()
-            .only("state", "planned_rows", "run_id")
-            .get(pk=chunk.pk)
-        )
+        current = (Chunk.objects.select_for_update().only("state", "planned_rows", "run_id")
+                   .get(pk=chunk.pk))
         state = current.state
         # Read after the chunk's lock is granted, in a statement of its own: joined to
         # the locking read, the run's row would be the one from before a wait for the
@@ -247,12 +245,8 @@ def _start_delivery(raw, message: ChunkMessage,
     """
     with transaction.atomic():
         bound_transaction()
-        chunk = (
-            Chunk.objects.select_for_update(of=("self",))
-            .select_related("run")
-            .filter(run_id=message.run_id, chunk_id=message.chunk_id)
-            .first()
-        )
+        chunk = (Chunk.objects.select_for_update(of=("self",)).select_related("run")
+                 .filter(run_id=message.run_id, chunk_id=message.chunk_id).first())
         if chunk is None:
             orphans.record_orphan(raw, f"run {message.run_id} has no chunk {message.chunk_id}",
                                  run_id=message.run_id, chunk_id=message.chunk_id)
@@ -375,20 +369,24 @@ _BOUNDS = ("SELECT set_config('lock_timeout', %s, true), "
 # events its rows cause (cleanup.outbox.triggers), which say which chunk wrote them.
 _NAMED = (f"{_BOUNDS}, set_config('application_name', %s, true), "
           "set_config('cleanup.source', %s, true), set_config('cleanup.run_id', %s, true), "
-          "set_config('cleanup.chunk_id', %s, true)")
+          "set_config('cleanup.chunk_id', %s, true), set_config('synchronous_commit', "
+          "CASE WHEN %s THEN 'off' ELSE current_setting('synchronous_commit') END, true)")
 
 
-def bound_transaction(chunk: Chunk | None = None) -> None:
+def bound_transaction(chunk: Chunk | None = None, *, durable_before_ack: bool = False) -> None:
     """Bound how long the transaction may wait for a lock, run a statement and sit
     idle: a frozen or cut-off process loses its session, so its locks, after the last.
-    ``chunk``: the transaction applies it, and is named for it."""
+    ``chunk``: the transaction applies it, and is named for it. ``durable_before_ack``:
+    a queue's delivery, which with the ORM broker commits without waiting for its WAL
+    flush, as docs/design.md argues (*A chunk's commit and its flush*)."""
     bounds = [f"{conf.LOCK_TIMEOUT_MS}ms", f"{conf.STATEMENT_TIMEOUT_MS}ms",
               f"{conf.IDLE_IN_TRANSACTION_TIMEOUT_MS}ms"]
+    asynchronous = durable_before_ack and transport.queue_shares_transaction()
     with connection.cursor() as cursor:
         if chunk is not None:
             cursor.execute(_NAMED, [*bounds, pressure.CHUNK_APPLICATION_NAME,
                                     f"run {chunk.run_id} chunk {chunk.chunk_id}",
-                                    str(chunk.run_id), str(chunk.chunk_id)])
+                                    str(chunk.run_id), str(chunk.chunk_id), asynchronous])
         else:
             cursor.execute(_BOUNDS, bounds)
 
