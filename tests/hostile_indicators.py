@@ -14,7 +14,7 @@ ANSWERS = {
     "ok": lambda: Signal(Level.OK, "host_busy", 0.0, 1.0, "the host is idle"),
     "none": lambda: None,
     "text": lambda: "HOLD",
-    "plain-two": lambda: Signal(2, "host_busy", None, None, "the host says hold"),
+    "plain-two": lambda: Signal(2, "host_busy", None, None, "the host says halt"),
     "long-reason": lambda: Signal(Level.HALT, "r" * 200, None, None, "a reason of 200 chars"),
     "nul-detail": lambda: Signal(Level.HALT, "host_busy", None, None, "one\x00two"),
     "slow": lambda: (time.sleep(3), Signal(Level.OK, "host_busy", None, None, "slow"))[1],
