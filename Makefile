@@ -18,8 +18,15 @@ install: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# The slow kinds (README, Tests): the fast part runs first, then these. BEFORE_SLOW is a
+# command run between the two (CI waits there for its second interpreter's run).
+SLOW := qcluster or browser or soak or bench or prometheus or wheel or pooler
+BEFORE_SLOW ?= true
+
 test: lint
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -m "not ($(SLOW))"
+	$(BEFORE_SLOW)
+	$(VENV)/bin/pytest -m "$(SLOW)"
 
 demo: $(STAMP)
 	$(PYTHON) manage.py migrate --verbosity 0

@@ -66,15 +66,28 @@ def expired_leases(account):
 
 
 @pytest.fixture
-def dead_letter(expired_holds) -> Chunk:
-    """A chunk dead-lettered for its message's unknown version, as the worker leaves it,
-    with the queue emptied."""
+def expire_leases_scheduled():
+    """expire-leases fired by the scheduler each minute (the engine app's policies run
+    on demand), for what only a scheduled policy has: its slots, lag and missed slots."""
+    from dataclasses import replace
+
+    from cleanup import policies
+
+    with policies.registered(replace(policies.get_policy("expire-leases"),
+                                     schedule="* * * * *")):
+        yield
+
+
+@pytest.fixture
+def dead_letter(expired_leases) -> Chunk:
+    """A chunk of expire-leases dead-lettered for its message's unknown version, as the
+    worker leaves it, with the queue emptied."""
     from django_q.models import OrmQ
 
     from cleanup.engine.dispatch import dispatch
     from cleanup.engine.worker import apply_chunk
 
-    chunk = dispatch("expire-holds").run.chunks.get()
+    chunk = dispatch("expire-leases").run.chunks.get()
     apply_chunk({**chunk.message, "version": 99})
     OrmQ.objects.all().delete()
     chunk = Chunk.objects.get(pk=chunk.pk)
@@ -84,6 +97,10 @@ def dead_letter(expired_holds) -> Chunk:
 
 def chunks_of(run: Run) -> list[Chunk]:
     return list(run.chunks.order_by("chunk_id"))
+
+
+# A Redis index tests may empty: CI runs two suites at once, each with its own.
+SCRATCH_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
 def database_url() -> str:

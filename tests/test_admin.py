@@ -1,4 +1,5 @@
-"""The operator console through Django's test client: pages, actions, permissions."""
+"""The operator console through Django's test client: pages, actions, permissions, on the
+engine app's leases; then the product's own lists in the same admin (holds, reminders)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from cleanup.engine.dispatch import dispatch, dispatch_in_process, preview_dispa
 from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk, Run, ScheduleInstall
 from cleanup.scheduling.schedules import install_schedules
-from reservations.models import SeatHold
+from tests.engine_app.factories import LeaseFactory, LeaseLogFactory
+from tests.engine_app.models import Lease
 from tests.factories import SeatHoldFactory
 
 pytestmark = pytest.mark.django_db
@@ -56,7 +58,7 @@ def texts(response) -> list[str]:
 
 
 def test_run_list_shows_progress_counts_and_trigger(admin_client, dead_letter):
-    replayed = dispatch("expire-holds", key="again").run
+    replayed = dispatch("expire-leases", key="again").run
     Run.objects.filter(pk=replayed.pk).update(replay_of=dead_letter.run, trigger="replay")
 
     page = admin_client.get(RUNS).content.decode()
@@ -67,12 +69,12 @@ def test_run_list_shows_progress_counts_and_trigger(admin_client, dead_letter):
     assert 'title="Completed with dead letters"' in page and ">Dead letters</span>" in page
 
 
-def test_run_page_is_read_only_with_a_paginated_chunk_table(admin_client, expired_holds,
-                                                            chunk_size, settings):
-    chunk_size("expire-holds", 1)
+def test_run_page_is_read_only_with_a_paginated_chunk_table(admin_client, expired_leases,
+                                                            account, chunk_size, settings):
+    chunk_size("expire-leases", 1)
     settings.CLEANUP_WINDOW = 100  # every chunk planned at once
-    SeatHoldFactory.create_batch(55, section=expired_holds[0].section, expired=True)
-    run = dispatch("expire-holds").run
+    LeaseFactory.create_batch(55, account=account, expired=True)
+    run = dispatch("expire-leases").run
     url = reverse("admin:cleanup_run_change", args=[run.pk])
 
     first, second = admin_client.get(url), admin_client.get(url + "?chunks=2")
@@ -128,6 +130,7 @@ def test_admin_index_links_the_cleanup_overview(admin_client):
 
 
 def test_overview_tells_missed_schedule_apart_from_stalled_work(admin_client, settings,
+                                                                expire_leases_scheduled,
                                                                 dead_letter):
     install_schedules()
     page = admin_client.get(OVERVIEW).content.decode()
@@ -139,10 +142,10 @@ def test_overview_tells_missed_schedule_apart_from_stalled_work(admin_client, se
     ScheduleInstall.objects.update(installed_at=timezone.now())
 
     settings.CLEANUP_SCHEDULE_GRACE_SECONDS = 3600
-    stuck = dispatch("expire-holds", key="stuck").run
-    SeatHoldFactory(expired=True)
+    stuck = dispatch("expire-leases", key="stuck").run
+    LeaseFactory(expired=True)
     Chunk.objects.filter(run=stuck).update(planned_at=timezone.now() - timedelta(hours=1))
-    stalled = dispatch("expire-holds", key="stalled").run
+    stalled = dispatch("expire-leases", key="stalled").run
     Chunk.objects.filter(run=stalled).update(
         planned_at=timezone.now() - timedelta(hours=1),
         enqueued_at=timezone.now() - timedelta(hours=1))
@@ -178,7 +181,7 @@ def test_forged_action_post_changes_nothing(support, dead_letter):
 def test_project_views_answer_403_without_permission(support, dead_letter):
     replay_url = reverse("admin:cleanup_run_replay", args=[dead_letter.run_id])
     assert support.get(DISPATCH).status_code == 403
-    assert support.post(DISPATCH, {"policy": "expire-holds", "_confirm": "1"}).status_code == 403
+    assert support.post(DISPATCH, {"policy": "expire-leases", "_confirm": "1"}).status_code == 403
     assert support.post(replay_url, {"cutoff": timezone.now().isoformat(),
                                      "_confirm": "1"}).status_code == 403
     assert Run.objects.count() == 1
@@ -219,19 +222,19 @@ def test_discard_asks_for_a_reason_then_discards(admin_client, dead_letter):
     assert dead_letter.state == Chunk.State.DEAD_LETTERED
 
     done = action(admin_client, CHUNKS, "discard_chunks", [dead_letter.pk], post="yes",
-                  reason="holds were purged by hand")
+                  reason="leases were purged by hand")
 
     assert texts(done) == ["1 chunk discarded."]
     dead_letter.refresh_from_db()
     assert (dead_letter.state, dead_letter.discard_reason) == ("discarded",
-                                                               "holds were purged by hand")
+                                                               "leases were purged by hand")
     assert dead_letter.run.state == Run.State.COMPLETED
 
 
-def test_cancel_confirms_then_cancels_and_skips_finished_runs(admin_client, expired_holds,
+def test_cancel_confirms_then_cancels_and_skips_finished_runs(admin_client, expired_leases,
                                                               dead_letter):
-    SeatHoldFactory(expired=True)
-    running = dispatch("expire-holds").run
+    LeaseFactory(expired=True)
+    running = dispatch("expire-leases").run
     pks = [running.pk, dead_letter.run_id]
 
     confirm = action(admin_client, RUNS, "cancel_runs", pks)
@@ -253,7 +256,7 @@ def test_replay_chunks_and_runs_resend_messages(admin_client, dead_letter):
     action(admin_client, CHUNKS, "replay_chunks", [dead_letter.pk], post="yes")
     assert OrmQ.objects.count() == 1
     apply_chunk(dead_letter.message)
-    assert SeatHold.objects.count() == 0
+    assert Lease.objects.count() == 0
 
     confirm = action(admin_client, RUNS, "replay_runs", [dead_letter.run_id])
     assert "Replay runs" in confirm.content.decode()
@@ -275,7 +278,7 @@ def test_replay_with_new_cutoff_previews_then_creates_one_linked_run(admin_clien
                                                             "_preview": "1"}).content.decode()
     assert "not an ISO-8601" in admin_client.post(url, {"cutoff": "soon",
                                                         "_preview": "1"}).content.decode()
-    SeatHoldFactory(expired=True)
+    LeaseFactory(expired=True)
     cutoff = timezone.now().isoformat()
 
     page = admin_client.post(url, {"cutoff": cutoff, "_preview": "1"})
@@ -293,28 +296,28 @@ def test_replay_with_new_cutoff_previews_then_creates_one_linked_run(admin_clien
     assert LogEntry.objects.filter(object_id=str(new.pk)).count() == 1
 
 
-def test_dispatch_now_previews_then_confirms_once(admin_client, expired_holds):
-    page = admin_client.post(DISPATCH, {"policy": "expire-holds", "_preview": "1"})
+def test_dispatch_now_previews_then_confirms_once(admin_client, expired_leases):
+    page = admin_client.post(DISPATCH, {"policy": "expire-leases", "_preview": "1"})
     key = page.context["confirm_key"]
     cutoff = page.context["preview_cutoff"]
     assert page.context["preview"].rows_by_partition == {"whole table": 5}
     assert Run.objects.count() == 0
 
-    form = {"policy": "expire-holds", "cutoff": cutoff, "confirm_key": key, "_confirm": "1"}
+    form = {"policy": "expire-leases", "cutoff": cutoff, "confirm_key": key, "_confirm": "1"}
     first = admin_client.post(DISPATCH, form, follow=True)
     second = admin_client.post(DISPATCH, form, follow=True)
 
     run = Run.objects.get()
     assert (run.trigger, run.cutoff.isoformat(), run.candidates) == ("admin", cutoff, 5)
     # The operator reads what the command would print: rows eligible, what was planned.
-    assert texts(first) == [f"Dispatched run {run.pk} of expire-holds (items, cutoff "
+    assert texts(first) == [f"Dispatched run {run.pk} of expire-leases (items, cutoff "
                             f"{run.cutoff:%Y-%m-%d %H:%M:%S} UTC): 5 rows eligible; 1 chunk "
                             "planned (5 rows)."]
     assert texts(second) == [f"Run {run.pk} had already been started; nothing new was sent."]
 
 
-def test_dispatch_now_refuses_tampered_values(admin_client, expired_holds):
-    tampered = admin_client.post(DISPATCH, {"policy": "expire-holds", "confirm_key": "x",
+def test_dispatch_now_refuses_tampered_values(admin_client, expired_leases):
+    tampered = admin_client.post(DISPATCH, {"policy": "expire-leases", "confirm_key": "x",
                                             "_confirm": "1"})
     unknown = admin_client.post(DISPATCH, {"policy": "nope", "_preview": "1"})
     assert "tampered" in tampered.content.decode()
@@ -336,12 +339,12 @@ def test_schedule_rows_are_untouched_by_the_console(admin_client):
     assert len(installed) == 13  # 8 policies', the reminder sender and the engine's four
 
 
-def test_a_run_still_planning_shows_how_far_it_has_got(admin_client, section, settings,
+def test_a_run_still_planning_shows_how_far_it_has_got(admin_client, account, settings,
                                                         chunk_size):
     settings.CLEANUP_WINDOW = 2
-    chunk_size("expire-holds", 1)
-    SeatHoldFactory.create_batch(6, section=section, expired=True)
-    run = dispatch("expire-holds", scheme="range").run
+    chunk_size("expire-leases", 1)
+    LeaseFactory.create_batch(6, account=account, expired=True)
+    run = dispatch("expire-leases", scheme="range").run
 
     page = admin_client.get(reverse("admin:cleanup_run_change", args=[run.pk])).content.decode()
     listing = admin_client.get(reverse("admin:cleanup_run_changelist")).content.decode()
@@ -350,30 +353,21 @@ def test_a_run_still_planning_shows_how_far_it_has_got(admin_client, section, se
     assert "0/2+" in listing  # two planned so far, more to come
 
 
-def test_the_preview_is_the_dispatch_dry_run_named_for_the_partition(admin_client, db):
-    from reservations.models import Tenant
-    from tests.factories import ReminderAttemptFactory
+def test_the_preview_is_the_dispatch_dry_run_named_for_the_partition(admin_client, account):
+    LeaseLogFactory.create_batch(3, account=account, stale=True)
+    page = admin_client.post(DISPATCH, {"policy": "purge-lease-logs", "_preview": "1"})
 
-    tenant = Tenant.objects.create(name="Preview U")
-    ReminderAttemptFactory.create_batch(3, tenant=tenant, stale=True)
-    page = admin_client.post(DISPATCH, {"policy": "purge-reminder-attempts", "_preview": "1"})
-
-    dry = preview_dispatch("purge-reminder-attempts")
+    dry = preview_dispatch("purge-lease-logs")
     assert page.context["preview"] == dry.preview
-    assert page.context["preview"].rows_by_partition == {tenant.pk: 3}
-    assert "<th>Tenant</th>" in page.content.decode()
-    whole = admin_client.post(DISPATCH, {"policy": "expire-holds", "_preview": "1"})
+    assert page.context["preview"].rows_by_partition == {account.pk: 3}
+    assert "<th>Account</th>" in page.content.decode()
+    whole = admin_client.post(DISPATCH, {"policy": "expire-leases", "_preview": "1"})
     assert "<th>Partition</th>" in whole.content.decode()
 
 
-def test_an_update_run_shows_rows_updated_on_its_page_and_in_the_lists(admin_client, section):
-    from datetime import timedelta
-
-    from reservations.services import hold_seat
-
-    for n in range(2):  # reminders due a minute ago
-        hold_seat(section.pk, f"learner-{n}", now=timezone.now() - timedelta(minutes=11))
-    run = dispatch_in_process("mark-reminders-ready").run
+def test_an_update_run_shows_rows_updated_on_its_page_and_in_the_lists(admin_client, account):
+    LeaseFactory.create_batch(2, account=account, expired=True)  # each one's notice due
+    run = dispatch_in_process("flag-leases").run
     page = admin_client.get(reverse("admin:cleanup_run_change", args=[run.pk])).content.decode()
     assert "<th>Rows updated</th>" in page and "<th>Rows deleted</th>" not in page
     assert '<th class="number">Updated</th>' in page

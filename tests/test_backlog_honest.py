@@ -3,8 +3,9 @@
 Issue 33: while long transactions held VACUUM back, the count ran out of its 40 ms at
 177 of 180 scrapes, and /metrics said 0 rows, age 0, over 7,070 reminder attempts
 eligible for 30 days, so CleanupBacklogTooOld went pending and resolved again and again.
-Here the statements really are cancelled by the database: another connection holds
-the policy's table locked, and the budget's statement_timeout ends the wait.
+Here, on the engine app's lease logs (eligible 30 days on, as those attempts were), the
+statements really are cancelled by the database: another connection holds the policy's
+table locked, and the budget's statement_timeout ends the wait.
 """
 
 from __future__ import annotations
@@ -18,13 +19,12 @@ from django.utils import timezone
 
 from cleanup.engine.dispatch import dispatch
 from cleanup.observability import backlog as backlog_module
-from reservations.models import ReminderAttempt
 from tests.conftest import database_url
-from tests.engine_app.factories import LeaseFactory
-from tests.factories import ReminderAttemptFactory, TenantFactory
+from tests.engine_app.factories import LeaseFactory, LeaseLogFactory
+from tests.engine_app.models import LeaseLog
 from tests.test_metrics import scrape, value
 
-PURGE = {"policy": "purge-reminder-attempts"}
+PURGE = {"policy": "purge-lease-logs"}
 LEASES = {"policy": "expire-leases"}
 THIRTY_DAYS = 30 * 24 * 3600
 
@@ -37,16 +37,16 @@ def _a_fresh_process(monkeypatch):
 
 
 @pytest.fixture
-def stale_attempts(db):
-    """Five reminder attempts sent 60 days ago: eligible for 30 days (retention 30)."""
-    return ReminderAttemptFactory.create_batch(5, tenant=TenantFactory(), stale=True)
+def stale_logs(account):
+    """Five lease logs recorded 60 days ago: eligible for 30 days (retention 30)."""
+    return LeaseLogFactory.create_batch(5, account=account, stale=True)
 
 
-def lock_the_attempts_table() -> psycopg.Connection:
+def lock_the_logs_table() -> psycopg.Connection:
     """Another connection holding the table, so that every read of it waits past the
     budget and is cancelled (QueryCanceled), as a read past VACUUM's leftovers is."""
     holder = psycopg.connect(database_url())
-    holder.execute(f'LOCK TABLE "{ReminderAttempt._meta.db_table}" IN ACCESS EXCLUSIVE MODE')
+    holder.execute(f'LOCK TABLE "{LeaseLog._meta.db_table}" IN ACCESS EXCLUSIVE MODE')
     return holder
 
 
@@ -59,16 +59,15 @@ def backlog_samples(samples: dict, **labels) -> dict[str, float]:
 
 
 @pytest.mark.django_db(transaction=True)  # the lock is taken from a second connection,
-# which must see the attempts committed and must not wait on the test's transaction
-def test_a_count_past_the_budget_repeats_the_last_exact_reading_never_0(client,
-                                                                          stale_attempts):
+# which must see the logs committed and must not wait on the test's transaction
+def test_a_count_past_the_budget_repeats_the_last_exact_reading_never_0(client, stale_logs):
     exact = backlog_samples(scrape(client), **PURGE)
     assert exact["cleanup_eligible_rows"] == 5
     assert exact["cleanup_backlog_exact"] == 1
     assert exact["cleanup_backlog_reading_age_seconds"] == 0
     assert exact["cleanup_oldest_eligible_age_seconds"] >= THIRTY_DAYS
 
-    holder = lock_the_attempts_table()
+    holder = lock_the_logs_table()
     try:
         repeated = backlog_samples(scrape(client), **PURGE)
     finally:
@@ -87,9 +86,8 @@ def test_a_count_past_the_budget_repeats_the_last_exact_reading_never_0(client,
 
 
 @pytest.mark.django_db(transaction=True)  # the lock is taken from a second connection
-def test_a_process_that_never_read_the_backlog_exports_no_sample_for_it(client,
-                                                                       stale_attempts):
-    holder = lock_the_attempts_table()
+def test_a_process_that_never_read_the_backlog_exports_no_sample_for_it(client, stale_logs):
+    holder = lock_the_logs_table()
     try:
         samples = scrape(client)
     finally:
@@ -98,7 +96,7 @@ def test_a_process_that_never_read_the_backlog_exports_no_sample_for_it(client,
     # No figure, only the marker: absent is what the alert rule rides over, 0 is not.
     assert backlog_samples(samples, **PURGE) == {"cleanup_backlog_exact": 0}
     # The other policies, on other tables, read as ever.
-    assert backlog_samples(samples, policy="expire-holds") == {
+    assert backlog_samples(samples, **LEASES) == {
         "cleanup_eligible_rows": 0, "cleanup_oldest_eligible_age_seconds": 0,
         "cleanup_backlog_exact": 1, "cleanup_backlog_reading_age_seconds": 0}
 

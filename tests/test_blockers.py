@@ -2,7 +2,7 @@
 its page, on its run's page, and behind the overview's "Stalled work".
 
 transaction=True: the locks are held from second real connections, which must see the
-holds and chunks the test wrote.
+rows and chunks the test wrote.
 """
 
 from __future__ import annotations
@@ -27,12 +27,16 @@ from cleanup.observability import blockers
 from cleanup.observability.blockers import Blocker, Blockers, Session, query_line
 from reservations.models import Reminder, SeatHold
 from tests.conftest import database_url, wait_for
+from tests.engine_app.factories import LeaseFactory
+from tests.engine_app.models import Lease
 from tests.factories import SeatHoldFactory, SectionFactory
 from tests.test_browser import ARTIFACTS, browser_page, log_in  # noqa: F401
 from tests.test_concurrency import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+LEASES = Lease._meta.db_table
+# The product's: its trigger's chunk waits on a reminder, and the browser test.
 HOLDS = SeatHold._meta.db_table
 LOCK_TIMEOUT = "OperationalError: canceling statement due to lock timeout"
 
@@ -43,10 +47,12 @@ def other_session(application_name: str = "learner-renewal") -> psycopg.Connecti
 
 
 @contextmanager
-def rows_locked(pks, *, mode: str = "UPDATE", application_name: str = "learner-renewal"):
-    """Hold these holds' rows locked (FOR ``mode``) from another session; yield its pid."""
+def rows_locked(pks, *, table: str = LEASES, mode: str = "UPDATE",
+                application_name: str = "learner-renewal"):
+    """Hold these rows of ``table`` locked (FOR ``mode``) from another session; yield its
+    pid."""
     with other_session(application_name) as other:
-        other.execute(f'SELECT id FROM "{HOLDS}" WHERE id = ANY(%s) FOR {mode}', [list(pks)])
+        other.execute(f'SELECT id FROM "{table}" WHERE id = ANY(%s) FOR {mode}', [list(pks)])
         try:
             yield other.info.backend_pid
         finally:
@@ -62,21 +68,22 @@ def stuck(chunk: Chunk) -> Chunk:
 
 @pytest.fixture
 def stuck_chunk(db) -> Chunk:
-    SeatHoldFactory.create_batch(5, expired=True)
-    return stuck(dispatch("expire-holds").run.chunks.get())
+    LeaseFactory.create_batch(5, expired=True)
+    return stuck(dispatch("expire-leases").run.chunks.get())
 
 
 def chunk_page(client, chunk: Chunk) -> str:
     return client.get(reverse("admin:cleanup_chunk_change", args=[chunk.pk])).content.decode()
 
 
-def holds_of(chunk: Chunk) -> list[int]:
+def items_of(chunk: Chunk) -> list[int]:
+    """The ids of the rows an items chunk names."""
     return sorted(pk for pk, _ in chunk.message["items"])
 
 
 def test_a_chunk_shows_exactly_the_session_that_keeps_its_rows_locked(admin_client,
                                                                       stuck_chunk):
-    with rows_locked(holds_of(stuck_chunk)[:3]) as pid:
+    with rows_locked(items_of(stuck_chunk)[:3]) as pid:
         time.sleep(0.3)
         found = blockers.for_chunk(stuck_chunk)
         page = chunk_page(admin_client, stuck_chunk)
@@ -86,7 +93,7 @@ def test_a_chunk_shows_exactly_the_session_that_keeps_its_rows_locked(admin_clie
     assert blocker.session.application_name == "learner-renewal"
     assert blocker.session.user and blocker.session.state == "idle in transaction"
     assert blocker.session.transaction_seconds >= 0.3
-    assert blocker.session.query.startswith(f'SELECT id FROM "{HOLDS}"')
+    assert blocker.session.query.startswith(f'SELECT id FROM "{LEASES}"')
     assert blocker.holds == ["3 rows of #1 (locked, or changed and not committed)"]
     assert found.notes == []
     assert 'id="blockers"' in page and f'data-pid="{pid}"' in page
@@ -103,7 +110,7 @@ def test_a_committed_chunk_shows_no_blockers_whatever_locks_its_rows(admin_clien
                                                                       stuck_chunk):
     Chunk.objects.filter(pk=stuck_chunk.pk).update(state=Chunk.State.COMMITTED)
     chunk = Chunk.objects.get(pk=stuck_chunk.pk)
-    with rows_locked(holds_of(chunk)):
+    with rows_locked(items_of(chunk)):
         assert blockers.for_chunk(chunk) is None
         assert 'id="blockers"' not in chunk_page(admin_client, chunk)
 
@@ -111,14 +118,14 @@ def test_a_committed_chunk_shows_no_blockers_whatever_locks_its_rows(admin_clien
 def test_a_transaction_that_committed_its_lock_holds_nothing(stuck_chunk):
     # Its id stays in the rows' xmax, but no open transaction has it.
     with other_session() as other:
-        other.execute(f'SELECT id FROM "{HOLDS}" FOR UPDATE')
+        other.execute(f'SELECT id FROM "{LEASES}" FOR UPDATE')
         other.commit()
         assert not blockers.for_chunk(stuck_chunk)
 
 
 def test_shared_lockers_are_each_shown(stuck_chunk):
     # Two FOR SHARE lockers of the same rows leave a multixact in their xmax.
-    shared = holds_of(stuck_chunk)[:2]
+    shared = items_of(stuck_chunk)[:2]
     with rows_locked(shared, mode="SHARE", application_name="reader-a") as first, \
             rows_locked(shared, mode="SHARE", application_name="reader-b") as second:
         found = blockers.for_chunk(stuck_chunk)
@@ -131,7 +138,7 @@ def test_shared_lockers_are_each_shown(stuck_chunk):
 def test_a_table_locked_access_exclusive_shows_its_holder_and_the_page_answers(
         admin_client, stuck_chunk):
     with other_session("schema-change") as other:
-        other.execute(f'LOCK TABLE "{HOLDS}" IN ACCESS EXCLUSIVE MODE')
+        other.execute(f'LOCK TABLE "{LEASES}" IN ACCESS EXCLUSIVE MODE')
         started = time.monotonic()
         page = chunk_page(admin_client, stuck_chunk)
         took = time.monotonic() - started
@@ -141,8 +148,8 @@ def test_a_table_locked_access_exclusive_shows_its_holder_and_the_page_answers(
 
     assert took < 1.0
     assert [b.session.pid for b in found.blockers] == [pid]
-    assert found.blockers[0].holds == [f"AccessExclusiveLock on {HOLDS}"]
-    assert found.notes == [f"The chunks' rows were not read: {HOLDS} is locked "
+    assert found.blockers[0].holds == [f"AccessExclusiveLock on {LEASES}"]
+    assert found.notes == [f"The chunks' rows were not read: {LEASES} is locked "
                            "AccessExclusiveLock, so their row locks are unknown until it "
                            "is released."]
     assert f'data-pid="{pid}"' in page and "schema-change" in page
@@ -152,9 +159,9 @@ def test_rows_that_cannot_be_read_in_time_are_unknown_never_unblocked(stuck_chun
     # A row locker, and an ALTER TABLE queued behind it: the console's SELECT of the rows
     # would queue behind the ALTER TABLE, so it gives up after its lock timeout.
     with other_session("migrate") as migrate:
-        with rows_locked(holds_of(stuck_chunk)[:1]):
+        with rows_locked(items_of(stuck_chunk)[:1]):
             queued = threading.Thread(target=migrate.execute, args=[
-                f'LOCK TABLE "{HOLDS}" IN ACCESS EXCLUSIVE MODE'])
+                f'LOCK TABLE "{LEASES}" IN ACCESS EXCLUSIVE MODE'])
             queued.start()
             wait_for(lambda: waiting_for_lock(migrate.info.backend_pid), timeout=5,
                      what="the LOCK TABLE to queue")
@@ -178,12 +185,13 @@ def waiting_for_lock(pid: int) -> bool:
                              [pid]).fetchone()[0] > 0
 
 
-def test_a_chunk_waiting_now_on_a_row_its_trigger_deletes_shows_who_holds_it(
-        settings, stuck_chunk):
+def test_a_chunk_waiting_now_on_a_row_its_trigger_deletes_shows_who_holds_it(settings):
     """The hold's reminder is deleted by the product's trigger in the chunk's statement:
     neither the holds' table nor their rows are locked, the reminder's row is."""
     settings.CLEANUP_ROW_LOCK_WAIT_MS = settings.CLEANUP_LOCK_TIMEOUT_MS = 5000
-    hold = SeatHold.objects.get(pk=holds_of(stuck_chunk)[0])
+    SeatHoldFactory.create_batch(5, expired=True)
+    stuck_chunk = stuck(dispatch("expire-holds").run.chunks.get())
+    hold = SeatHold.objects.get(pk=items_of(stuck_chunk)[0])
     reminder = Reminder.for_hold(hold, hold.expires_at, timezone.now())
     reminder.save()
     with other_session("reminder-sender") as sender:
@@ -204,13 +212,13 @@ def test_a_chunk_waiting_now_on_a_row_its_trigger_deletes_shows_who_holds_it(
 
 def test_the_run_page_lists_each_blocker_once_with_the_chunks_waiting_on_it(admin_client,
                                                                             chunk_size):
-    chunk_size("expire-holds", 2)
-    SeatHoldFactory.create_batch(4, expired=True)
-    run = dispatch("expire-holds").run
+    chunk_size("expire-leases", 2)
+    LeaseFactory.create_batch(4, expired=True)
+    run = dispatch("expire-leases").run
     # Sent and not yet taken (unfinished as retrying ones are): what the run waits on.
     chunks = list(run.chunks.select_related("run").order_by("chunk_id"))
     assert len(chunks) == 2
-    with rows_locked([holds_of(chunk)[0] for chunk in chunks]) as pid:
+    with rows_locked([items_of(chunk)[0] for chunk in chunks]) as pid:
         found = blockers.for_run(run)
         page = admin_client.get(reverse("admin:cleanup_run_change", args=[run.pk]))
 
@@ -229,10 +237,10 @@ def test_stalled_work_links_to_the_policys_blockers_and_on_to_its_waiting_chunks
     Chunk.objects.filter(pk=stuck_chunk.pk).update(
         enqueued_at=timezone.now() - timedelta(hours=1))
     overview = admin_client.get(reverse("admin:cleanup_cleanupoverview_changelist"))
-    url = reverse("admin:cleanup_policy_blockers", args=["expire-holds"])
+    url = reverse("admin:cleanup_policy_blockers", args=["expire-leases"])
     assert f'<a class="stalled-link" href="{url}"' in overview.content.decode()
 
-    with rows_locked(holds_of(stuck_chunk)[:3]) as pid:
+    with rows_locked(items_of(stuck_chunk)[:3]) as pid:
         page = admin_client.get(url).content.decode()
 
     assert f'data-pid="{pid}"' in page and "3 rows of #1 (locked" in page
@@ -241,10 +249,10 @@ def test_stalled_work_links_to_the_policys_blockers_and_on_to_its_waiting_chunks
 
 
 def test_the_policy_page_says_plainly_that_nothing_blocks_it(admin_client, stuck_chunk):
-    page = admin_client.get(reverse("admin:cleanup_policy_blockers", args=["expire-holds"]))
+    page = admin_client.get(reverse("admin:cleanup_policy_blockers", args=["expire-leases"]))
     text = page.content.decode()
     assert page.status_code == 200 and 'id="blockers"' not in text
-    assert "Nothing blocks <strong class=\"policy-name\">expire-holds</strong> now" in text
+    assert "Nothing blocks <strong class=\"policy-name\">expire-leases</strong> now" in text
 
 
 def test_a_query_hidden_from_the_consoles_role_is_said_so_with_the_grant():
@@ -276,7 +284,7 @@ def test_an_operator_follows_stalled_work_to_who_blocks_a_stuck_chunk_at_laptop_
     ARTIFACTS.mkdir(exist_ok=True)
     fits = """() => ({page: document.documentElement.scrollWidth, window: window.innerWidth})"""
 
-    with rows_locked(holds_of(chunk)[:3]) as pid:
+    with rows_locked(items_of(chunk)[:3], table=HOLDS) as pid:
         time.sleep(1.2)  # its transaction has been open a while
         page.goto(f"{live_server.url}/admin/cleanup/cleanupoverview/")
         page.uncheck("#overview-refresh")

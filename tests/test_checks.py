@@ -155,23 +155,23 @@ def test_w001_catch_up_should_be_off(settings):
 @pytest.fixture
 def extra_policy(chunk_size):
     # chunk_size restores the registry afterwards.
-    return lambda **changes: register(replace(get_policy("expire-holds"), **changes))
+    return lambda **changes: register(replace(get_policy("expire-leases"), **changes))
 
 
 def test_e003_unknown_model(extra_policy):
-    extra_policy(name="ghost", model_label="reservations.Ghost")
+    extra_policy(name="ghost", model_label="engine_app.Ghost")
     assert ids(check_policies()) == ["cleanup.E003"]
 
 
 def test_e004_model_that_cannot_be_fast_deleted(extra_policy):
-    # Deleting a tenant cascades to its sections and holds: SELECT-then-DELETE.
-    extra_policy(name="tenants", model_label="reservations.Tenant",
+    # Deleting an account cascades to its leases and logs: SELECT-then-DELETE.
+    extra_policy(name="accounts", model_label="engine_app.Account",
                  eligible=lambda cutoff: Q(name__startswith="gone"))
     assert ids(check_policies()) == ["cleanup.E004"]
 
 
 def test_e005_eligibility_through_a_relation(extra_policy):
-    extra_policy(name="joined", eligible=lambda cutoff: Q(section__title="x"))
+    extra_policy(name="joined", eligible=lambda cutoff: Q(account__name="x"))
     assert ids(check_policies()) == ["cleanup.E005"]
 
 

@@ -15,7 +15,7 @@ from django.db import OperationalError, connection, transaction
 from cleanup.management.base import connection_failure
 from reservations.checks import check_email_backend
 from tests.conftest import ROOT, database_url, subprocess_env
-from tests.factories import SeatHoldFactory
+from tests.engine_app.factories import LeaseFactory
 
 
 def shell(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -102,20 +102,20 @@ def test_a_bad_email_backend_stops_the_sender_with_the_check_not_a_traceback():
             in result.stderr)
 
 
-# transaction=True: the command runs in another process, which must see the holds.
+# transaction=True: the command runs in another process, which must see the leases.
 @pytest.mark.django_db(transaction=True)
-def test_at_normal_verbosity_a_command_prints_its_result_and_no_info_lines(section):
-    SeatHoldFactory.create_batch(3, section=section, expired=True)
+def test_at_normal_verbosity_a_command_prints_its_result_and_no_info_lines(account):
+    LeaseFactory.create_batch(3, account=account, expired=True)
 
-    queued = shell("cleanup_dispatch", "--policy", "expire-holds", "--key", "quiet")
+    queued = shell("cleanup_dispatch", "--policy", "expire-leases", "--key", "quiet")
     assert queued.returncode == 0 and queued.stderr == ""
     assert queued.stdout.startswith("Dispatched run ") and queued.stdout.count("\n") == 1
 
-    chatty = shell("cleanup_dispatch", "--policy", "expire-holds", "--key", "chatty", "-v", "2")
+    chatty = shell("cleanup_dispatch", "--policy", "expire-leases", "--key", "chatty", "-v", "2")
     assert chatty.returncode == 0
     assert "Enqueued [cleanup]" in chatty.stderr and "[cleanup.dispatch]" in chatty.stderr
 
-    synced = shell("cleanup_dispatch", "--policy", "mark-reminders-ready", "--sync")
+    synced = shell("cleanup_dispatch", "--policy", "flag-leases", "--sync")
     assert synced.returncode == 0 and synced.stderr == ""
 
 

@@ -20,7 +20,7 @@ from cleanup.engine.dispatch import dispatch
 from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk, Run
 from tests.conftest import ROOT, subprocess_env
-from tests.factories import SeatHoldFactory
+from tests.engine_app.factories import LeaseFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -59,7 +59,7 @@ def test_under_json_an_argument_refusal_is_one_json_object_without_the_usage(arg
 
 
 def test_dispatch_which_shares_the_base_refuses_a_bad_scheme_as_json_too():
-    result = shell("cleanup_dispatch", "--policy", "expire-holds", "--scheme", "bogus",
+    result = shell("cleanup_dispatch", "--policy", "expire-leases", "--scheme", "bogus",
                    "--json")
     assert (result.returncode, result.stdout, result.stderr.count("\n")) == (2, "", 1)
     assert json.loads(result.stderr)["error"].startswith(
@@ -121,16 +121,16 @@ def test_a_number_or_duration_out_of_range_is_refused_in_one_line(args, error):
     assert Run.objects.count() == 0
 
 
-def test_durations_and_timestamps_in_range_are_taken(expired_holds):
-    run = dispatch("expire-holds").run
+def test_durations_and_timestamps_in_range_are_taken(expired_leases):
+    run = dispatch("expire-leases").run
     for since in ("36500d", "90m", "1.5h", "3600s", "2026-01-01T00:00:00+00:00"):
         assert [r["run_id"] for r in run_json("cleanup_runs", "--since", since)["runs"]] == [
             str(run.pk)], since
     assert run_json("cleanup_runs", "--limit", "10000")["total"] == 1
 
 
-def test_status_refuses_two_runs_rather_than_showing_one(expired_holds):
-    first, second = dispatch("expire-holds").run, dispatch("expire-holds").run
+def test_status_refuses_two_runs_rather_than_showing_one(expired_leases):
+    first, second = dispatch("expire-leases").run, dispatch("expire-leases").run
     with pytest.raises(CommandError) as refused:
         call_command("cleanup_status", str(first.pk), "--run", str(second.pk))
     assert str(refused.value) == (f"give one run, not two: RUN_ID '{first.pk}' or --run "
@@ -144,7 +144,8 @@ def test_runs_refuses_an_unknown_policy_as_dispatch_does(db):
     with pytest.raises(CommandError) as dispatching:
         call_command("cleanup_dispatch", "--policy", "nope")
     assert str(listing.value) == str(dispatching.value)
-    assert str(listing.value).startswith("unknown policy 'nope' (known: expire-holds, ")
+    assert str(listing.value).startswith("unknown policy 'nope' (known: ")
+    assert "expire-leases, expire-leases-range, flag-leases, " in str(listing.value)
 
 
 def test_runs_still_lists_the_runs_of_a_policy_no_longer_registered(db):
@@ -166,7 +167,7 @@ def test_every_command_given_a_short_id_answers_with_the_full_id(dead_letter):
     assert run_json("cleanup_cancel", short, "--noinput")["run_id"] == run_id
     out = StringIO()
     call_command("cleanup_runs", stdout=out)
-    assert out.getvalue().splitlines()[1].startswith(f"{run_id}  expire-holds ")
+    assert out.getvalue().splitlines()[1].startswith(f"{run_id}  expire-leases ")
 
 
 def test_an_unknown_full_or_short_id_is_refused_and_nothing_is_requeued(dead_letter):
@@ -253,9 +254,9 @@ def test_under_json_the_question_goes_to_stderr_and_stdout_stays_one_object(dead
 
 # transaction=True: the command runs in another process, which must see the dead letter.
 @pytest.mark.django_db(transaction=True)
-def test_under_json_a_prompt_nobody_can_answer_leaves_one_json_object_on_stderr(section):
-    SeatHoldFactory(section=section, expired=True)
-    chunk = dispatch("expire-holds").run.chunks.get()
+def test_under_json_a_prompt_nobody_can_answer_leaves_one_json_object_on_stderr(account):
+    LeaseFactory(account=account, expired=True)
+    chunk = dispatch("expire-leases").run.chunks.get()
     apply_chunk({**chunk.message, "version": 99})
     result = subprocess.run(
         [sys.executable, "manage.py", "cleanup_discard", str(chunk.run_id), "--chunk", "1",

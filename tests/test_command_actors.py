@@ -14,7 +14,7 @@ from cleanup.models import Halt
 
 pytestmark = pytest.mark.django_db
 
-POLICY = "expire-holds"
+POLICY = "expire-leases"
 
 
 def run_json(*args) -> dict:

@@ -16,6 +16,7 @@ from django_q.models import OrmQ
 from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk, Run
 from reservations.models import Reminder, ReminderAttempt, SeatHold
+from tests.engine_app.models import Lease
 
 pytestmark = pytest.mark.django_db
 
@@ -26,45 +27,45 @@ def run_json(*args) -> dict:
     return json.loads(out.getvalue())
 
 
-def test_dispatch_json_has_the_contract_keys(expired_holds):
-    result = run_json("cleanup_dispatch", "--policy", "expire-holds", "--key", "k")
+def test_dispatch_json_has_the_contract_keys(expired_leases):
+    result = run_json("cleanup_dispatch", "--policy", "expire-leases", "--key", "k")
 
     assert result["created"] is True
     assert (result["policy"], result["scheme"], result["candidates"]) == (
-        "expire-holds", "items", 5)
+        "expire-leases", "items", 5)
     assert result["chunks"]["total"] == result["chunks"]["enqueued"] == 1
     cutoff = Run.objects.get().cutoff
     assert result["cutoff"] == cutoff.isoformat(timespec="microseconds")
     assert result["run_id"] == str(Run.objects.get().pk)
 
 
-def test_dispatch_with_existing_key_reports_created_false(expired_holds):
-    first = run_json("cleanup_dispatch", "--policy", "expire-holds", "--key", "k")
-    again = run_json("cleanup_dispatch", "--policy", "expire-holds", "--key", "k")
+def test_dispatch_with_existing_key_reports_created_false(expired_leases):
+    first = run_json("cleanup_dispatch", "--policy", "expire-leases", "--key", "k")
+    again = run_json("cleanup_dispatch", "--policy", "expire-leases", "--key", "k")
     assert (again["created"], again["run_id"], again["scheme"]) == (False, first["run_id"],
                                                                     "items")
 
 
-def test_dispatch_accepts_any_iso_cutoff_with_offset(expired_holds):
+def test_dispatch_accepts_any_iso_cutoff_with_offset(expired_leases):
     cutoff = (timezone.now() - timedelta(minutes=1)).astimezone(
         timezone.get_fixed_timezone(-300))
-    result = run_json("cleanup_dispatch", "--policy", "expire-holds", "--cutoff",
+    result = run_json("cleanup_dispatch", "--policy", "expire-leases", "--cutoff",
                       cutoff.isoformat())
     assert Run.objects.get().cutoff == cutoff
     # Stored and shown as the same instant in UTC.
     assert result["cutoff"] == cutoff.astimezone(UTC).isoformat(timespec="microseconds")
 
 
-def test_dispatch_sync_applies_in_process(expired_holds):
-    run_json("cleanup_dispatch", "--policy", "expire-holds", "--sync")
-    assert SeatHold.objects.count() == 0
+def test_dispatch_sync_applies_in_process(expired_leases):
+    run_json("cleanup_dispatch", "--policy", "expire-leases", "--sync")
+    assert Lease.objects.count() == 0
     assert OrmQ.objects.count() == 0
 
 
-def test_dispatch_dry_run_writes_nothing(expired_holds):
+def test_dispatch_dry_run_writes_nothing(expired_leases):
     out = StringIO()
-    call_command("cleanup_dispatch", "--policy", "expire-holds", "--dry-run", stdout=out)
-    assert out.getvalue().startswith("Dry run: expire-holds would plan 1 chunk (items) for 5")
+    call_command("cleanup_dispatch", "--policy", "expire-leases", "--dry-run", stdout=out)
+    assert out.getvalue().startswith("Dry run: expire-leases would plan 1 chunk (items) for 5")
     assert Run.objects.count() == 0
 
 
@@ -72,25 +73,25 @@ def test_dispatch_dry_run_writes_nothing(expired_holds):
     "args, message",
     [
         (["--policy", "nope"], "unknown policy 'nope'"),
-        (["--policy", "expire-holds", "--cutoff", "yesterday"], "not an ISO-8601 timestamp"),
-        (["--policy", "expire-holds", "--cutoff", "2026-01-01T00:00:00"], "no timezone offset"),
-        (["--policy", "expire-holds", "--cutoff", "2999-01-01T00:00:00+00:00"], "in the future"),
+        (["--policy", "expire-leases", "--cutoff", "yesterday"], "not an ISO-8601 timestamp"),
+        (["--policy", "expire-leases", "--cutoff", "2026-01-01T00:00:00"], "no timezone offset"),
+        (["--policy", "expire-leases", "--cutoff", "2999-01-01T00:00:00+00:00"], "in the future"),
     ],
 )
-def test_dispatch_errors_are_one_clear_line_and_write_nothing(expired_holds, args, message):
+def test_dispatch_errors_are_one_clear_line_and_write_nothing(expired_leases, args, message):
     with pytest.raises(CommandError, match=message):
         call_command("cleanup_dispatch", *args)
     assert (Run.objects.count(), OrmQ.objects.count()) == (0, 0)
 
 
-def test_dispatch_bad_scheme_is_refused(expired_holds):
+def test_dispatch_bad_scheme_is_refused(expired_leases):
     with pytest.raises(CommandError, match="invalid choice: 'diagonal'"):
-        call_command("cleanup_dispatch", "--policy", "expire-holds", "--scheme", "diagonal")
+        call_command("cleanup_dispatch", "--policy", "expire-leases", "--scheme", "diagonal")
     assert Run.objects.count() == 0
 
 
-def test_status_json_reports_chunks_by_state_and_totals(expired_holds):
-    dispatched = run_json("cleanup_dispatch", "--policy", "expire-holds")
+def test_status_json_reports_chunks_by_state_and_totals(expired_leases):
+    dispatched = run_json("cleanup_dispatch", "--policy", "expire-leases")
     chunk = Chunk.objects.get()
     apply_chunk(chunk.message)
     apply_chunk(chunk.message)
@@ -112,8 +113,8 @@ def test_status_of_unknown_run_fails(db):
         call_command("cleanup_status", "--run", "1234")
 
 
-def test_replay_same_cutoff_resends_committed_chunks_as_noops(expired_holds):
-    dispatched = run_json("cleanup_dispatch", "--policy", "expire-holds")
+def test_replay_same_cutoff_resends_committed_chunks_as_noops(expired_leases):
+    dispatched = run_json("cleanup_dispatch", "--policy", "expire-leases")
     chunk = Chunk.objects.get()
     apply_chunk(chunk.message)
     OrmQ.objects.all().delete()
@@ -127,8 +128,8 @@ def test_replay_same_cutoff_resends_committed_chunks_as_noops(expired_holds):
     assert (chunk.state, chunk.rows_deleted, chunk.noop_deliveries) == ("committed", 5, 1)
 
 
-def test_replay_with_new_cutoff_creates_a_linked_run(expired_holds):
-    dispatched = run_json("cleanup_dispatch", "--policy", "expire-holds", "--cutoff",
+def test_replay_with_new_cutoff_creates_a_linked_run(expired_leases):
+    dispatched = run_json("cleanup_dispatch", "--policy", "expire-leases", "--cutoff",
                           (timezone.now() - timedelta(days=3)).isoformat())
     new_cutoff = timezone.now().isoformat()
 
@@ -142,8 +143,8 @@ def test_replay_with_new_cutoff_creates_a_linked_run(expired_holds):
     assert (again["run_id"], again["created"]) == (result["run_id"], False)
 
 
-def test_replay_refuses_cutoff_before_original_or_in_future(expired_holds):
-    dispatched = run_json("cleanup_dispatch", "--policy", "expire-holds")
+def test_replay_refuses_cutoff_before_original_or_in_future(expired_leases):
+    dispatched = run_json("cleanup_dispatch", "--policy", "expire-leases")
     before = (timezone.now() - timedelta(days=1)).isoformat()
     with pytest.raises(CommandError, match="before the original run"):
         call_command("cleanup_replay", dispatched["run_id"], "--new-cutoff", before)
@@ -153,8 +154,8 @@ def test_replay_refuses_cutoff_before_original_or_in_future(expired_holds):
     assert Run.objects.count() == 1
 
 
-def test_replay_of_unknown_run_or_chunk_fails_and_sends_nothing(expired_holds):
-    dispatched = run_json("cleanup_dispatch", "--policy", "expire-holds")
+def test_replay_of_unknown_run_or_chunk_fails_and_sends_nothing(expired_leases):
+    dispatched = run_json("cleanup_dispatch", "--policy", "expire-leases")
     OrmQ.objects.all().delete()
     with pytest.raises(CommandError, match="no run with id"):
         call_command("cleanup_replay", "00000000-0000-0000-0000-000000000000")
@@ -177,6 +178,16 @@ def test_schedule_command_twice_changes_nothing(db):
     ]
     assert second["unchanged"] == first["created"]
     assert second["created"] == second["updated"] == second["removed"] == []
+
+
+def test_a_host_task_with_a_bad_cron_is_refused():
+    from cleanup.scheduling.schedules import register_task
+
+    with pytest.raises(ValueError, match="not a cron expression"):
+        register_task("nightly", "myapp.tasks.nightly", "every night")
+
+
+# The product's own commands
 
 
 def test_seed_reservations_creates_the_requested_rows(db):
@@ -239,9 +250,3 @@ def test_send_reminders_sends_the_ready_ones_and_says_why_others_were_not(sectio
     with pytest.raises(CommandError, match="--batch must be at least 1"):
         call_command("send_reminders", "--batch", "0")
 
-
-def test_a_host_task_with_a_bad_cron_is_refused():
-    from cleanup.scheduling.schedules import register_task
-
-    with pytest.raises(ValueError, match="not a cron expression"):
-        register_task("nightly", "myapp.tasks.nightly", "every night")

@@ -58,7 +58,8 @@ def waiting_statements(prefix: str) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(DISTINCT l.pid) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
-            "WHERE NOT l.granted AND a.query LIKE %s AND l.pid <> pg_backend_pid()",
+            "WHERE NOT l.granted AND a.query LIKE %s AND l.pid <> pg_backend_pid() "
+            "AND a.datname = current_database()",
             [prefix + "%"],
         )
         return cursor.fetchone()[0]

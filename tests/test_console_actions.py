@@ -17,7 +17,7 @@ from cleanup.engine.replay import replay
 from cleanup.engine.worker import apply_chunk
 from cleanup.exceptions import CleanupError
 from cleanup.models import Chunk, Run
-from tests.factories import SeatHoldFactory
+from tests.engine_app.factories import LeaseFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -25,15 +25,15 @@ CHUNKS = reverse("admin:cleanup_chunk_changelist")
 
 
 @pytest.fixture
-def two_runs(section, chunk_size, settings):
+def two_runs(account, chunk_size, settings):
     """Two runs of 6 and 10 one-row chunks (the second also covers the first's rows),
     every chunk planned at dispatch; half of the first run's chunks dead-lettered."""
-    chunk_size("expire-holds", 1)
+    chunk_size("expire-leases", 1)
     settings.CLEANUP_WINDOW = 100
-    SeatHoldFactory.create_batch(6, section=section, expired=True)
-    first = dispatch("expire-holds").run
-    SeatHoldFactory.create_batch(4, section=section, expired=True)
-    second = dispatch("expire-holds", key="second").run
+    LeaseFactory.create_batch(6, account=account, expired=True)
+    first = dispatch("expire-leases").run
+    LeaseFactory.create_batch(4, account=account, expired=True)
+    second = dispatch("expire-leases", key="second").run
     assert (first.chunks.count(), second.chunks.count()) == (6, 10)
     Chunk.objects.filter(run=first, chunk_id__lte=3).update(
         state=Chunk.State.DEAD_LETTERED, failure_class=Chunk.FailureClass.POISON)
@@ -113,8 +113,8 @@ def test_a_poison_dead_letter_keeps_the_lock_timeout_that_caused_it(admin_client
     settings.CLEANUP_TRANSIENT_RETRIES = 1
     settings.CLEANUP_TRANSIENT_BACKOFF = 0
     settings.CLEANUP_MAX_UNFINISHED_DELIVERIES = 2
-    SeatHoldFactory(expired=True)
-    chunk = dispatch("expire-holds").run.chunks.get()
+    LeaseFactory(expired=True)
+    chunk = dispatch("expire-leases").run.chunks.get()
 
     def lock_timeout():
         # What a lock no skipping of locked rows gets past (the table's) raises.
@@ -144,7 +144,7 @@ def test_a_poison_dead_letter_keeps_the_lock_timeout_that_caused_it(admin_client
 def test_a_short_id_or_a_full_id_finds_the_run_and_not_only_its_replay(admin_client,
                                                                        two_runs):
     first, second = two_runs
-    replay_of_first = dispatch("expire-holds", key=f"replay:{first.pk}:again").run
+    replay_of_first = dispatch("expire-leases", key=f"replay:{first.pk}:again").run
     runs = reverse("admin:cleanup_run_changelist")
 
     for term in (str(first.pk)[:8], str(first.pk), str(first.pk)[:8].upper()):
@@ -175,11 +175,11 @@ def test_a_short_id_in_a_run_url_redirects_to_the_run(admin_client, two_runs):
 
 
 def test_the_run_page_filters_its_chunks_by_state_and_pages_600_of_them(
-        admin_client, section, chunk_size, settings):
-    chunk_size("expire-holds", 1)
+        admin_client, account, chunk_size, settings):
+    chunk_size("expire-leases", 1)
     settings.CLEANUP_WINDOW = 1000
-    SeatHoldFactory.create_batch(600, section=section, expired=True)
-    run = dispatch("expire-holds").run
+    LeaseFactory.create_batch(600, account=account, expired=True)
+    run = dispatch("expire-leases").run
     Chunk.objects.filter(run=run, chunk_id__in=[7, 300, 599]).update(
         state=Chunk.State.DEAD_LETTERED, cause="OperationalError: lock timeout")
     url = reverse("admin:cleanup_run_change", args=[run.pk])
@@ -267,11 +267,11 @@ def test_a_group_counted_for_one_policy_acts_on_that_policy_only(
         admin_client, dead_letters_of_two_causes):
     first, _ = dead_letters_of_two_causes
     cause = "OperationalError: canceling statement due to lock timeout"
-    other = dispatch("mark-reminders-ready", key="other-policy").run
+    other = dispatch("purge-lease-logs", key="other-policy").run  # no log: no chunk
     Chunk.objects.create(run=other, chunk_id=1, message={}, state=Chunk.State.DEAD_LETTERED,
                          failure_class=Chunk.FailureClass.POISON, cause=cause)
     page = admin_client.get(reverse("admin:cleanup_chunk_dead_letters"),
-                            {"policy": "expire-holds"})
+                            {"policy": "expire-leases"})
     group = page.context["groups"][0]
     assert (group.cause, group.count) == (cause, 3)
 

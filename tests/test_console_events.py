@@ -19,7 +19,7 @@ from django.utils import timezone
 from cleanup.engine.dispatch import dispatch
 from cleanup.models import Chunk, Event, Run
 from cleanup.outbox import emit, publish, registered
-from tests.factories import SeatHoldFactory
+from tests.engine_app.factories import LeaseFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -114,9 +114,9 @@ def test_the_list_shows_each_event_newest_first_with_its_state_and_what_failed(a
     assert "3 events" in page
 
 
-def test_the_source_links_the_run_and_the_chunk_that_wrote_the_event(admin_client, section):
-    SeatHoldFactory(section=section, expired=True)
-    chunk = dispatch("expire-holds").run.chunks.get()
+def test_the_source_links_the_run_and_the_chunk_that_wrote_the_event(admin_client, account):
+    LeaseFactory(account=account, expired=True)
+    chunk = dispatch("expire-leases").run.chunks.get()
     written = EventFactory(run_id=chunk.run_id, chunk_id=chunk.chunk_id,
                            source=f"run {chunk.run_id} chunk {chunk.chunk_id}")
     EventFactory(key="seathold:host")

@@ -16,6 +16,7 @@ from django.urls import reverse
 
 from cleanup.models import Chunk
 from tests import console_data
+from tests.engine_app.factories import LeaseFactory
 from tests.factories import SeatHoldFactory
 from tests.test_browser import ARTIFACTS, browser_page, log_in, served  # noqa: F401
 
@@ -135,11 +136,11 @@ def test_a_reminder_with_a_state_written_by_hand_shows_as_unknown(admin_client, 
 
 
 @pytest.mark.django_db
-def test_runs_and_chunks_with_states_written_by_hand_show_as_unknown(admin_client, section):
+def test_runs_and_chunks_with_states_written_by_hand_show_as_unknown(admin_client, account):
     from cleanup.engine.dispatch import dispatch
 
-    SeatHoldFactory.create_batch(2, section=section, expired=True)
-    run = dispatch("expire-holds").run
+    LeaseFactory.create_batch(2, account=account, expired=True)
+    run = dispatch("expire-leases").run
     unknown_state("cleanup_run", "state", "paused", run.pk)
     unknown_state("cleanup_chunk", "state", "lost", run.chunks.get().pk)
 

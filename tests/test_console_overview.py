@@ -12,8 +12,8 @@ from cleanup.engine.dispatch import dispatch
 from cleanup.models import Chunk, ScheduleInstall
 from cleanup.observability import health
 from cleanup.scheduling.schedules import install_schedules
-from reservations.models import SeatHold
-from tests.factories import SeatHoldFactory
+from tests.engine_app.factories import LeaseFactory
+from tests.engine_app.models import Lease
 
 pytestmark = pytest.mark.django_db
 
@@ -25,8 +25,9 @@ def banner(client) -> list[tuple[str, str | None]]:
 
 
 @pytest.fixture
-def healthy():
-    """Schedules just installed and a cluster that beat a moment ago."""
+def healthy(expire_leases_scheduled):
+    """Schedules just installed (expire-leases's each minute) and a cluster that beat a
+    moment ago."""
     install_schedules()
     health.beat()
 
@@ -40,18 +41,18 @@ def test_a_healthy_install_says_all_clear(admin_client, healthy):
 
 
 def test_a_month_old_backlog_is_flagged_in_the_banner_and_the_table(admin_client, healthy):
-    hold = SeatHoldFactory(expired=True)
-    SeatHold.objects.filter(pk=hold.pk).update(expires_at=timezone.now() - timedelta(days=31))
+    lease = LeaseFactory(expired=True)
+    Lease.objects.filter(pk=lease.pk).update(expires_at=timezone.now() - timedelta(days=31))
 
     page = admin_client.get(OVERVIEW).content.decode()
 
-    assert ("Backlog too old", "expire-holds") in banner(admin_client)
+    assert ("Backlog too old", "expire-leases") in banner(admin_client)
     assert "the oldest for 31 d, past its limit of" in page
     assert '<strong class="flag">1 eligible now' in page
 
 
 def test_a_fresh_backlog_is_not_flagged(admin_client, healthy):
-    SeatHoldFactory(expires_at=timezone.now() - timedelta(seconds=30))
+    LeaseFactory(expires_at=timezone.now() - timedelta(seconds=30))
 
     assert banner(admin_client) == []
 
@@ -59,21 +60,21 @@ def test_a_fresh_backlog_is_not_flagged(admin_client, healthy):
 def test_missed_schedule_stalled_work_and_dead_letters_each_have_their_line(
         admin_client, healthy, settings):
     ScheduleInstall.objects.update(installed_at=timezone.now() - timedelta(minutes=10))
-    SeatHoldFactory.create_batch(2, expired=True)
-    run = dispatch("expire-holds").run
+    LeaseFactory.create_batch(2, expired=True)
+    run = dispatch("expire-leases").run
     Chunk.objects.filter(run=run).update(planned_at=timezone.now() - timedelta(hours=1),
                                          enqueued_at=timezone.now() - timedelta(hours=1))
-    dead = dispatch("expire-holds", key="dead").run
+    dead = dispatch("expire-leases", key="dead").run
     Chunk.objects.filter(run=dead).update(state=Chunk.State.DEAD_LETTERED,
                                           cause="OperationalError: lock timeout")
 
     lines = banner(admin_client)
     page = admin_client.get(OVERVIEW).content.decode()
 
-    assert ("Missed schedule", "expire-holds") in lines
-    assert ("Stalled work", "expire-holds") in lines
-    assert ("Dead letters waiting", "expire-holds") in lines
-    assert reverse("admin:cleanup_chunk_dead_letters") + "?policy=expire-holds" in page
+    assert ("Missed schedule", "expire-leases") in lines
+    assert ("Stalled work", "expire-leases") in lines
+    assert ("Dead letters waiting", "expire-leases") in lines
+    assert reverse("admin:cleanup_chunk_dead_letters") + "?policy=expire-leases" in page
 
 
 def test_no_cluster_taking_work_is_said_first(admin_client):

@@ -23,7 +23,7 @@ from cleanup.engine.worker import apply_chunk
 from cleanup.exceptions import CleanupError
 from cleanup.models import Chunk, Run
 from tests.conftest import ROOT, subprocess_env
-from tests.factories import SeatHoldFactory
+from tests.engine_app.factories import LeaseFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -32,13 +32,13 @@ IN_FLIGHT = "was re-sent before and 6 of the chunks to replay are still in fligh
 
 
 @pytest.fixture
-def run(section, chunk_size, settings) -> Run:
+def run(account, chunk_size, settings) -> Run:
     """A run of 6 one-row chunks, all sent at dispatch, half of them dead-lettered since;
     the queue emptied (the first messages were delivered)."""
-    chunk_size("expire-holds", 1)
+    chunk_size("expire-leases", 1)
     settings.CLEANUP_WINDOW = 100
-    SeatHoldFactory.create_batch(6, section=section, expired=True)
-    run = dispatch("expire-holds").run
+    LeaseFactory.create_batch(6, account=account, expired=True)
+    run = dispatch("expire-leases").run
     Chunk.objects.filter(run=run, chunk_id__lte=3).update(
         state=Chunk.State.DEAD_LETTERED, failure_class=Chunk.FailureClass.POISON)
     OrmQ.objects.all().delete()
@@ -61,7 +61,7 @@ def test_replaying_runs_from_the_console_asks_first_and_sends_nothing_until_conf
 
     content = page.content.decode()
     assert "Replay runs" in content and 'name="post" value="yes"' in content
-    assert f"expire-holds run {run.pk}" in content  # the run it will replay
+    assert f"expire-leases run {run.pk}" in content  # the run it will replay
     assert OrmQ.objects.count() == 0
     assert run.chunks.filter(state=Chunk.State.DEAD_LETTERED).count() == 3
 
@@ -86,7 +86,7 @@ def test_a_run_refused_for_chunks_in_flight_does_not_hold_back_the_others(
         admin_client, run):
     replay(run.pk)
     OrmQ.objects.all().delete()
-    other = dispatch("expire-holds", key="other").run  # 6 chunks, every one committed
+    other = dispatch("expire-leases", key="other").run  # 6 chunks, every one committed
     for message in queued_messages():
         apply_chunk(message)
     OrmQ.objects.all().delete()

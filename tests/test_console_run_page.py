@@ -16,18 +16,18 @@ from cleanup.engine.dispatch import dispatch
 from cleanup.engine.replay import replay
 from cleanup.models import Chunk, Run
 from reservations.models import SeatHold
-from tests.factories import SeatHoldFactory
+from tests.engine_app.factories import LeaseFactory
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def big_run(section, chunk_size, settings) -> Run:
+def big_run(account, chunk_size, settings) -> Run:
     """A run of 60 one-row chunks: two pages of its chunk table."""
-    chunk_size("expire-holds", 1)
+    chunk_size("expire-leases", 1)
     settings.CLEANUP_WINDOW = 100
-    SeatHoldFactory.create_batch(60, section=section, expired=True)
-    return dispatch("expire-holds").run
+    LeaseFactory.create_batch(60, account=account, expired=True)
+    return dispatch("expire-leases").run
 
 
 def run_page(run) -> str:
@@ -59,11 +59,11 @@ def test_the_chunk_tables_links_come_back_to_the_table_not_the_top(admin_client,
     assert all(link.endswith("#run-chunks") for link in links), links
 
 
-def test_a_run_links_to_the_runs_that_replay_it(admin_client, expired_holds):
-    original = dispatch("expire-holds").run
-    SeatHoldFactory(expired=True)
+def test_a_run_links_to_the_runs_that_replay_it(admin_client, expired_leases):
+    original = dispatch("expire-leases").run
+    LeaseFactory(expired=True)
     later = replay(original.pk, new_cutoff=timezone.now()).run
-    unrelated = dispatch("expire-holds", key="unrelated").run
+    unrelated = dispatch("expire-leases", key="unrelated").run
 
     page = admin_client.get(run_page(original)).content.decode()
     replayed_page = admin_client.get(run_page(later)).content.decode()
@@ -77,12 +77,12 @@ def test_a_run_links_to_the_runs_that_replay_it(admin_client, expired_holds):
     assert f'<a href="{run_page(original)}">{original.pk}</a>' in replayed_page
 
 
-def test_the_progress_line_of_a_run_still_planning_reads_in_order(admin_client, section,
+def test_the_progress_line_of_a_run_still_planning_reads_in_order(admin_client, account,
                                                                   settings, chunk_size):
     settings.CLEANUP_WINDOW = 2
-    chunk_size("expire-holds", 1)
-    SeatHoldFactory.create_batch(6, section=section, expired=True)
-    run = dispatch("expire-holds", scheme="range").run
+    chunk_size("expire-leases", 1)
+    LeaseFactory.create_batch(6, account=account, expired=True)
+    run = dispatch("expire-leases", scheme="range").run
 
     page = admin_client.get(run_page(run)).content.decode()
 
@@ -92,8 +92,8 @@ def test_the_progress_line_of_a_run_still_planning_reads_in_order(admin_client, 
     assert "so far chunks" not in progress
 
 
-def test_the_run_page_shows_counts_with_separators(admin_client, expired_holds):
-    run = dispatch("expire-holds").run
+def test_the_run_page_shows_counts_with_separators(admin_client, expired_leases):
+    run = dispatch("expire-leases").run
     Run.objects.filter(pk=run.pk).update(chunk_size=20_000, candidates=1_216_086,
                                          max_span=999_999)
     Chunk.objects.filter(run=run).update(planned_rows=20_000, deliveries=1_234)
@@ -114,10 +114,12 @@ def test_the_run_page_shows_counts_with_separators(admin_client, expired_holds):
 
 
 def test_the_lists_count_their_rows_with_separators(admin_client, section):
-    expires = timezone.now() - timedelta(hours=1)
+    # Ids and an instant none of which reads 1234 (the sequence's next ids, or a clock's
+    # microseconds, could): only a count without its separator would.
+    expires = (timezone.now() - timedelta(hours=1)).replace(microsecond=0)
     SeatHold.objects.bulk_create(
-        SeatHold(tenant=section.tenant, section=section, learner_ref=f"learner-{n}",
-                 expires_at=expires) for n in range(1_234))
+        SeatHold(pk=20_000 + n, tenant=section.tenant, section=section,
+                 learner_ref=f"learner-{n}", expires_at=expires) for n in range(1_234))
 
     holds = admin_client.get(reverse("admin:reservations_seathold_changelist"))
     found = admin_client.get(reverse("admin:reservations_seathold_changelist"),

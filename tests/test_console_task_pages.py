@@ -69,8 +69,8 @@ def test_a_failed_task_cannot_be_changed_or_deleted(admin_client, failed_deliver
     assert Failure.objects.filter(pk=failed_delivery.pk).exists()
 
 
-def test_successful_tasks_offer_no_resubmit(admin_client, expired_holds):
-    chunk = dispatch("expire-holds").run.chunks.get()
+def test_successful_tasks_offer_no_resubmit(admin_client, expired_leases):
+    chunk = dispatch("expire-leases").run.chunks.get()
     apply_chunk(chunk.message)
     now = timezone.now()
     Success.objects.create(id=uuid.uuid4().hex, name="delivered", func=CHUNK_TASK,
@@ -87,8 +87,8 @@ def test_successful_tasks_offer_no_resubmit(admin_client, expired_holds):
 
 
 def test_queued_chunk_messages_cannot_be_deleted_from_the_queue_page(admin_client,
-                                                                    expired_holds):
-    dispatch("expire-holds")
+                                                                    expired_leases):
+    dispatch("expire-leases")
     queued = OrmQ.objects.get()
 
     page = admin_client.get(QUEUED)

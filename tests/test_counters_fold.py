@@ -29,7 +29,7 @@ from cleanup.observability.counters import (
 )
 from cleanup.retention import PURGE_CHUNKS
 from tests.conftest import database_url
-from tests.factories import SeatHoldFactory
+from tests.engine_app.factories import LeaseFactory
 
 pytestmark = pytest.mark.django_db
 LATER = FOLD_AFTER + timedelta(minutes=1)
@@ -55,12 +55,12 @@ def every_row() -> tuple[dict, dict]:
 
 
 @pytest.fixture
-def ledger(section, chunk_size, dead_letter):
+def ledger(account, chunk_size, dead_letter):
     """A completed run of four chunks with a duplicate delivery, and a run with a dead
     letter, as the worker leaves them."""
-    SeatHoldFactory.create_batch(7, section=section, expired=True)
-    chunk_size("expire-holds", 2)
-    run = dispatch_in_process("expire-holds").run
+    LeaseFactory.create_batch(7, account=account, expired=True)
+    chunk_size("expire-leases", 2)
+    run = dispatch_in_process("expire-leases").run
     apply_chunk(run.chunks.order_by("chunk_id").first().message)  # a duplicate: a no-op
     assert Run.objects.get(pk=run.pk).state == Run.State.COMPLETED
     assert run.chunks.count() >= 4
@@ -91,25 +91,25 @@ def test_a_folded_chunk_replayed_counts_with_its_new_values(ledger, dead_letter)
     assert Chunk.objects.filter(folded=False).exists()
     assert reported() == every_row()
     sums, states = reported()
-    assert states["expire-holds"].get("dead_lettered", 0) == 0
-    assert sums["expire-holds"]["noop_deliveries"] >= ledger.chunks.count() + 1
+    assert states["expire-leases"].get("dead_lettered", 0) == 0
+    assert sums["expire-leases"]["noop_deliveries"] >= ledger.chunks.count() + 1
 
 
 def test_a_purge_of_folded_chunks_keeps_their_counters_and_drops_their_states(ledger):
     old = timezone.now() - timedelta(days=60)
-    Chunk.objects.filter(run__policy="expire-holds").update(planned_at=old)
-    Run.objects.filter(policy="expire-holds").update(finished_at=old)
+    Chunk.objects.filter(run__policy="expire-leases").update(planned_at=old)
+    Run.objects.filter(policy="expire-leases").update(finished_at=old)
     fold()
-    assert not Chunk.objects.filter(run__policy="expire-holds", folded=False).exists()
+    assert not Chunk.objects.filter(run__policy="expire-leases", folded=False).exists()
     sums, states = reported()
 
     dispatch_in_process(PURGE_CHUNKS)
 
-    assert not Chunk.objects.filter(run__policy="expire-holds").exists()
+    assert not Chunk.objects.filter(run__policy="expire-leases").exists()
     after_sums, after_states = reported()
-    assert after_sums["expire-holds"] == sums["expire-holds"]
-    assert "expire-holds" not in after_states and states["expire-holds"]
-    assert not LedgerTotal.objects.filter(policy="expire-holds", key__startswith="state_",
+    assert after_sums["expire-leases"] == sums["expire-leases"]
+    assert "expire-leases" not in after_states and states["expire-leases"]
+    assert not LedgerTotal.objects.filter(policy="expire-leases", key__startswith="state_",
                                           value__gt=0).exists()
 
 

@@ -13,7 +13,7 @@ from cleanup import display
 from cleanup.console.badges import STATE_COLOURS
 from cleanup.engine.dispatch import dispatch
 from cleanup.models import Chunk, Slot
-from tests.factories import SeatHoldFactory
+from tests.engine_app.factories import LeaseFactory
 
 UNKNOWN = ('<span class="state-badge state-unknown" title="a {} the code does not know">'
            "unknown: {}</span>")
@@ -43,9 +43,9 @@ def test_the_template_filter_shows_a_state_it_does_not_know_as_unknown():
 
 @pytest.mark.django_db
 def test_the_run_pages_chunk_table_shows_a_state_written_by_hand_as_unknown(admin_client,
-                                                                          section):
-    SeatHoldFactory.create_batch(2, section=section, expired=True)
-    run = dispatch("expire-holds").run
+                                                                          account):
+    LeaseFactory.create_batch(2, account=account, expired=True)
+    run = dispatch("expire-leases").run
     with connection.cursor() as cursor:
         cursor.execute("UPDATE cleanup_chunk SET state = 'lost' WHERE run_id = %s", [run.pk])
 
@@ -58,7 +58,7 @@ def test_the_run_pages_chunk_table_shows_a_state_written_by_hand_as_unknown(admi
 @pytest.mark.django_db
 def test_a_slot_with_an_outcome_written_by_hand_shows_as_unknown(admin_client):
     now = timezone.now()
-    Slot.objects.create(policy="expire-holds", slot_at=now, fired_at=now, outcome="later")
+    Slot.objects.create(policy="expire-leases", slot_at=now, fired_at=now, outcome="later")
 
     page = admin_client.get(reverse("admin:cleanup_slot_changelist"))
 

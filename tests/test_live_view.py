@@ -29,7 +29,7 @@ NOW = datetime(2026, 12, 3, 14, 37, 20, tzinfo=UTC)
 WORKER = "web-7:4242:abcd1234"
 
 
-def a_run(policy: str = "expire-holds", **fields) -> Run:
+def a_run(policy: str = "expire-leases", **fields) -> Run:
     return Run.objects.create(policy=policy, dispatch_key=f"{policy}:{Run.objects.count()}",
                               cutoff=NOW, scheme="range", trigger="command", **fields)
 
@@ -63,14 +63,14 @@ def test_queue_depth_counts_enqueued_and_retrying_chunks_per_policy_and_zero_for
     depth = queue(live_view(NOW))
 
     assert list(depth) == [policy.name for policy in all_policies()]
-    assert depth["expire-holds"] == (3, 1, 0)
+    assert depth["expire-leases"] == (3, 1, 0)
     assert depth["purge-cleanup-runs"] == (1, 0, 0)
-    assert depth["mark-reminders-ready"] == (0, 0, 0)
+    assert depth["flag-leases"] == (0, 0, 0)
 
 
 @pytest.mark.django_db
-def test_the_broker_queue_length_is_one_total_of_its_messages(expired_holds):
-    dispatch("expire-holds")
+def test_the_broker_queue_length_is_one_total_of_its_messages(expired_leases):
+    dispatch("expire-leases")
 
     assert live_view(timezone.now()).broker_messages == OrmQ.objects.count() > 0
 
@@ -88,10 +88,10 @@ def test_a_delivery_in_progress_shows_as_a_busy_worker_with_its_chunk(admin_clie
 
     [worker] = view.busy
     assert (worker.worker, worker.policy, worker.chunk_pk, worker.number) == (
-        "web-7:4242", "expire-holds", busy.pk, 2)
+        "web-7:4242", "expire-leases", busy.pk, 2)
     assert timedelta(seconds=12) <= worker.age < timedelta(seconds=20)
     # Being applied, so no longer waiting for a worker (nor for its redelivery).
-    assert queue(view)["expire-holds"] == (1, 0, 1)
+    assert queue(view)["expire-leases"] == (1, 0, 1)
     assert view.silent == ()
     href = reverse("admin:cleanup_chunk_change", args=[busy.pk])
     assert (f'<a href="{href}">#{busy.chunk_id}</a> of run <span class="short-id" '
@@ -109,7 +109,7 @@ def test_a_delivery_without_outcome_older_than_the_retry_is_not_busy(admin_clien
 
     assert view.busy == ()
     assert [d.chunk_pk for d in view.silent] == [chunk.pk]
-    assert queue(view)["expire-holds"] == (1, 0, 0)
+    assert queue(view)["expire-leases"] == (1, 0, 0)
     assert "No worker is applying a chunk now." in page
     assert "No outcome: the worker may have died" in page
 
@@ -135,7 +135,7 @@ def test_rows_per_minute_sums_the_right_minute_buckets_and_leaves_out_chunks_old
     committed(run, NOW - timedelta(days=1), deleted=9_000)
 
     view = live_view(NOW)
-    [chart] = [p.chart for p in view.policies if p.policy == "expire-holds"]
+    [chart] = [p.chart for p in view.policies if p.policy == "expire-leases"]
 
     assert len(chart.bars) == 60
     assert (chart.bars[0].minute, chart.bars[-1].minute) == (
@@ -145,9 +145,9 @@ def test_rows_per_minute_sums_the_right_minute_buckets_and_leaves_out_chunks_old
     assert (chart.total, chart.now.rows) == (1_381, 40)
     assert chart.peak.title == "14:05 UTC: 1,334 rows"
     assert chart.bars[-1].title == "14:37 UTC so far: 7 rows"
-    assert chart.summary == ("expire-holds: 1,381 rows changed in the last hour; "
+    assert chart.summary == ("expire-leases: 1,381 rows changed in the last hour; "
                              "40 a minute now (14:36 UTC)")
-    assert {p.chart for p in view.policies if p.policy != "expire-holds"} == {None}
+    assert {p.chart for p in view.policies if p.policy != "expire-leases"} == {None}
 
 
 @pytest.mark.django_db
@@ -158,7 +158,7 @@ def test_bars_are_scaled_to_their_policys_own_peak_and_an_empty_minute_has_none(
 
     charts = {p.policy: p.chart for p in live_view(NOW).policies}
 
-    heights = [bar.height for bar in charts["expire-holds"].bars]
+    heights = [bar.height for bar in charts["expire-leases"].bars]
     assert heights[-4:] == [40, 2, 0, 0]  # a single row still shows above the line
     assert [bar.height for bar in charts["purge-cleanup-runs"].bars][-4] == 40
 
@@ -175,7 +175,7 @@ def test_the_page_draws_sixty_titled_bars_with_a_text_alternative_or_says_nothin
     assert live.count('<rect class="bar') == 60
     minute = (now - timedelta(minutes=20)).astimezone(UTC)
     assert f"<title>{minute:%H:%M} UTC: 2,500 rows</title>" in live
-    assert re.search(r'aria-label="expire-holds: 2,500 rows changed in the last hour; '
+    assert re.search(r'aria-label="expire-leases: 2,500 rows changed in the last hour; '
                      r'0 a minute now \(\d\d:\d\d UTC\)"', live)
     assert f">peak 2,500 at {minute:%H:%M}</text>" in live
     assert live.count("nothing changed in the last hour") == len(all_policies()) - 1
@@ -191,7 +191,7 @@ def test_the_live_view_reads_in_four_queries_whatever_the_number_of_chunks():
     chunks(a_run(), "enqueued", history=[delivery(NOW)])
     few = queries()
     for minutes_ago in range(0, 60, 3):
-        run = a_run("purge-cleanup-runs" if minutes_ago % 2 else "expire-holds")
+        run = a_run("purge-cleanup-runs" if minutes_ago % 2 else "expire-leases")
         chunks(run, *["enqueued", "retrying"] * 5, history=[delivery(NOW)])
         for n in range(10):
             committed(run, NOW - timedelta(minutes=minutes_ago, seconds=n), deleted=n)

@@ -22,13 +22,13 @@ from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk, ScheduleInstall
 from cleanup.scheduling.schedules import install_schedules
 from config.logs import logging_config
-from reservations.services import renew_hold
 from tests.conftest import ROOT, wait_for
-from tests.factories import SeatHoldFactory
+from tests.engine_app.factories import LeaseFactory, LeaseLogFactory
+from tests.engine_app.services import renew_lease
 from tests.test_processes import qcluster  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.django_db
-HOLDS = {"policy": "expire-holds"}
+LEASES = {"policy": "expire-leases"}
 
 
 def scrape(client, **headers) -> dict:
@@ -49,10 +49,10 @@ def delta(before: dict, after: dict, name: str, **labels) -> float:
     return value(after, name, **labels) - value(before, name, **labels)
 
 
-def test_counters_move_by_what_a_known_run_did(client, expired_holds):
+def test_counters_move_by_what_a_known_run_did(client, expired_leases):
     before = scrape(client)
-    chunk = dispatch("expire-holds").run.chunks.get()
-    renew_hold(expired_holds[0].pk)
+    chunk = dispatch("expire-leases").run.chunks.get()
+    renew_lease(expired_leases[0].pk)
     apply_chunk(chunk.message)
     apply_chunk(chunk.message)  # a duplicate: a no-op
     after = scrape(client)
@@ -69,42 +69,43 @@ def test_counters_move_by_what_a_known_run_did(client, expired_holds):
         "cleanup_chunk_rows_sum": 4,
         "cleanup_chunk_transaction_seconds_count": 1,
     }
-    assert {name: delta(before, after, name, **HOLDS) for name in expected} == expected
-    assert delta(before, after, "cleanup_runs_total", trigger="command", **HOLDS) == 1
-    assert delta(before, after, "cleanup_chunk_rows_bucket", le="1.0", **HOLDS) == 0
-    assert delta(before, after, "cleanup_chunk_rows_bucket", le="10.0", **HOLDS) == 1
-    assert value(after, "cleanup_chunks_awaiting_ack", **HOLDS) == 1
-    assert value(after, "cleanup_chunks", state="committed", **HOLDS) == 1
+    assert {name: delta(before, after, name, **LEASES) for name in expected} == expected
+    assert delta(before, after, "cleanup_runs_total", trigger="command", **LEASES) == 1
+    assert delta(before, after, "cleanup_chunk_rows_bucket", le="1.0", **LEASES) == 0
+    assert delta(before, after, "cleanup_chunk_rows_bucket", le="10.0", **LEASES) == 1
+    assert value(after, "cleanup_chunks_awaiting_ack", **LEASES) == 1
+    assert value(after, "cleanup_chunks", state="committed", **LEASES) == 1
 
 
-def test_failures_and_dead_letters_are_counted_apart(client, expired_holds):
+def test_failures_and_dead_letters_are_counted_apart(client, expired_leases):
     before = scrape(client)
-    chunk = dispatch("expire-holds").run.chunks.get()
+    chunk = dispatch("expire-leases").run.chunks.get()
     apply_chunk({**chunk.message, "version": 9})
     apply_chunk("garbage")
     after = scrape(client)
 
-    assert delta(before, after, "cleanup_dead_lettered_total", **HOLDS) == 1
+    assert delta(before, after, "cleanup_dead_lettered_total", **LEASES) == 1
     assert delta(before, after, "cleanup_dead_lettered_total", policy="unknown") == 1
-    assert delta(before, after, "cleanup_retryable_failures_total", **HOLDS) == 0
-    assert value(after, "cleanup_chunks", state="dead_lettered", **HOLDS) == 1
+    assert delta(before, after, "cleanup_retryable_failures_total", **LEASES) == 0
+    assert value(after, "cleanup_chunks", state="dead_lettered", **LEASES) == 1
 
 
-def test_backlog_gauges_read_the_eligible_rows(client, section):
-    assert value(scrape(client), "cleanup_eligible_rows", **HOLDS) == 0
-    SeatHoldFactory(section=section, expires_at=timezone.now() - timedelta(hours=2))
+def test_backlog_gauges_read_the_eligible_rows(client, account):
+    assert value(scrape(client), "cleanup_eligible_rows", **LEASES) == 0
+    LeaseFactory(account=account, expires_at=timezone.now() - timedelta(hours=2))
     samples = scrape(client)
-    assert value(samples, "cleanup_oldest_eligible_age_seconds", **HOLDS) >= 7200
-    assert value(samples, "cleanup_eligible_rows", **HOLDS) >= 1
+    assert value(samples, "cleanup_oldest_eligible_age_seconds", **LEASES) >= 7200
+    assert value(samples, "cleanup_eligible_rows", **LEASES) >= 1
 
 
-def test_schedule_lag_counts_from_the_first_slot_the_scheduler_did_not_fire(client):
+def test_schedule_lag_counts_from_the_first_slot_the_scheduler_did_not_fire(
+        client, expire_leases_scheduled):
     install_schedules()
-    assert value(scrape(client), "cleanup_schedule_lag_seconds", **HOLDS) == 0  # fresh
+    assert value(scrape(client), "cleanup_schedule_lag_seconds", **LEASES) == 0  # fresh
 
     sixteen_minutes_ago = timezone.now() - timedelta(minutes=16)
     ScheduleInstall.objects.update(installed_at=sixteen_minutes_ago)
-    lag = value(scrape(client), "cleanup_schedule_lag_seconds", **HOLDS)
+    lag = value(scrape(client), "cleanup_schedule_lag_seconds", **LEASES)
     first_missed = sixteen_minutes_ago.replace(second=0, microsecond=0) + timedelta(minutes=1)
     assert lag == pytest.approx((timezone.now() - first_missed).total_seconds(), abs=2)
     assert lag > 15 * 60 - 2
@@ -113,7 +114,7 @@ def test_schedule_lag_counts_from_the_first_slot_the_scheduler_did_not_fire(clie
 def test_every_chunk_state_has_a_metric_and_an_admin_label(client):
     samples = scrape(client)
     for state in Chunk.State.values:
-        assert ("cleanup_chunks", frozenset({**HOLDS, "state": state}.items())) in samples
+        assert ("cleanup_chunks", frozenset({**LEASES, "state": state}.items())) in samples
         assert state in STATE_COLOURS
 
 
@@ -130,27 +131,27 @@ def test_metrics_refuse_clients_outside_the_allowed_networks(client, settings):
 
 
 def test_multiprocess_mode_still_serves_the_ledger_figures(client, monkeypatch, tmp_path,
-                                                           expired_holds):
+                                                           expired_leases):
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
-    dispatch_in_process("expire-holds")
-    assert value(scrape(client), "cleanup_rows_deleted_total", **HOLDS) == 5
+    dispatch_in_process("expire-leases")
+    assert value(scrape(client), "cleanup_rows_deleted_total", **LEASES) == 5
 
 
 @pytest.mark.django_db(transaction=True)  # the qcluster subprocess must see the commits
 def test_figures_are_right_when_a_qcluster_process_does_the_work(client, qcluster):  # noqa: F811
-    SeatHoldFactory.create_batch(4, expired=True)
+    LeaseFactory.create_batch(4, expired=True)
     before = scrape(client)
-    run = dispatch("expire-holds").run
+    run = dispatch("expire-leases").run
     qcluster()
     wait_for(lambda: not Chunk.objects.filter(run=run).exclude(state="acknowledged").exists(),
              timeout=60, what="the chunk to be acknowledged")
 
     after = scrape(client)
 
-    assert delta(before, after, "cleanup_rows_deleted_total", **HOLDS) == 4
-    assert delta(before, after, "cleanup_deliveries_total", **HOLDS) == 1
-    assert value(after, "cleanup_chunks", state="acknowledged", **HOLDS) == 1
-    assert value(after, "cleanup_chunks_awaiting_ack", **HOLDS) == 0
+    assert delta(before, after, "cleanup_rows_deleted_total", **LEASES) == 4
+    assert delta(before, after, "cleanup_deliveries_total", **LEASES) == 1
+    assert value(after, "cleanup_chunks", state="acknowledged", **LEASES) == 1
+    assert value(after, "cleanup_chunks_awaiting_ack", **LEASES) == 0
 
 
 def test_each_metric_is_declared_once_and_alerts_use_only_real_series(client):
@@ -191,13 +192,13 @@ def test_dashboard_is_valid_json_with_a_panel_per_series():
     assert len(dashboard["panels"]) >= 10
 
 
-def test_json_log_lines_carry_the_ids(expired_holds):
+def test_json_log_lines_carry_the_ids(expired_leases):
     stream = StringIO()
     config = logging_config(json_lines=True)
     config["handlers"]["console"]["stream"] = stream
     dictConfig(config)
     try:
-        chunk = dispatch("expire-holds").run.chunks.get()
+        chunk = dispatch("expire-leases").run.chunks.get()
         apply_chunk(chunk.message)
     finally:
         from django.conf import settings
@@ -208,30 +209,29 @@ def test_json_log_lines_carry_the_ids(expired_holds):
     outcome = next(e for e in events if e["event"] == "chunk outcome")
     assert (outcome["run_id"], outcome["chunk_id"], outcome["outcome"]) == (
         str(chunk.run_id), 1, "deleted")
-    assert outcome["policy"] == "expire-holds" and outcome["rows_deleted"] == 5
+    assert outcome["policy"] == "expire-leases" and outcome["rows_deleted"] == 5
     dispatched = next(e for e in events if e["event"] == "dispatched")
     assert dispatched["dispatch_key"].startswith("command:")
 
 
-def test_an_update_policy_counts_rows_updated_and_changed_and_no_rows_deleted(client, section):
-    from reservations.services import hold_seat
-
-    for n in range(3):  # each reminder due two minutes ago, its hold not yet expired
-        hold_seat(section.pk, f"learner-{n}", now=timezone.now() - timedelta(minutes=13))
+def test_an_update_policy_counts_rows_updated_and_changed_and_no_rows_deleted(client, account):
+    LeaseFactory.create_batch(3, account=account, expired=True)  # each one's notice due
     before = scrape(client)
-    dispatch_in_process("mark-reminders-ready")
+    dispatch_in_process("flag-leases")
     after = scrape(client)
-    marks = {"policy": "mark-reminders-ready"}
-    assert delta(before, after, "cleanup_rows_updated_total", **marks) == 3
-    assert delta(before, after, "cleanup_rows_changed_total", **marks) == 3
-    assert delta(before, after, "cleanup_rows_deleted_total", **marks) == 0
-    assert delta(before, after, "cleanup_chunk_rows_sum", **marks) == 3
-    # A delete policy's rows changed are its rows deleted.
-    SeatHoldFactory.create_batch(2, section=section, expired=True)
-    dispatch_in_process("expire-holds")
+    flags = {"policy": "flag-leases"}
+    assert delta(before, after, "cleanup_rows_updated_total", **flags) == 3
+    assert delta(before, after, "cleanup_rows_changed_total", **flags) == 3
+    assert delta(before, after, "cleanup_rows_deleted_total", **flags) == 0
+    assert delta(before, after, "cleanup_chunk_rows_sum", **flags) == 3
+    # A delete policy's rows changed are its rows deleted (the logs': the flagged leases
+    # are still expired, so expire-leases would take them too).
+    LeaseLogFactory.create_batch(2, account=account, stale=True)
+    dispatch_in_process("purge-lease-logs")
     later = scrape(client)
-    assert delta(after, later, "cleanup_rows_changed_total", **HOLDS) == 2
-    assert delta(after, later, "cleanup_rows_deleted_total", **HOLDS) == 2
+    purges = {"policy": "purge-lease-logs"}
+    assert delta(after, later, "cleanup_rows_changed_total", **purges) == 2
+    assert delta(after, later, "cleanup_rows_deleted_total", **purges) == 2
 
 
 def test_the_reminder_backlog_shows_due_unsent_reminders_by_state_and_age(client, section):

@@ -103,7 +103,7 @@ def test_alerts_show_as_annotations_and_name_only_shipped_alerts():
     assert series_in(expr) == set()  # Prometheus's own series, not the app's
 
 
-def test_the_scrapes_schedule_statuses_are_the_overviews(client):
+def test_the_scrapes_schedule_statuses_are_the_overviews(client, expire_leases_scheduled):
     """The scrape reads every schedule in one statement; it must say what
     overview.schedule_status says, policy by policy."""
     from datetime import timedelta
@@ -120,7 +120,7 @@ def test_the_scrapes_schedule_statuses_are_the_overviews(client):
     now = timezone.now()
     ScheduleInstall.objects.update(installed_at=now - timedelta(hours=3))
     # One policy fired recently, one fired and was never dispatched, one never fired.
-    Slot.objects.create(policy="expire-holds", slot_at=now - timedelta(minutes=2),
+    Slot.objects.create(policy="expire-leases", slot_at=now - timedelta(minutes=2),
                         fired_at=now - timedelta(minutes=2), outcome=Slot.Outcome.STARTED)
     Slot.objects.create(policy="purge-cleanup-chunks", slot_at=now - timedelta(hours=1),
                         fired_at=now - timedelta(hours=1))

@@ -27,9 +27,9 @@ def migrate(targets):
 def test_counter_totals_rolled_up_under_the_old_key_names_keep_counting():
     old = migrate(BEFORE)
     total = old.get_model("cleanup", "LedgerTotal")
-    total.objects.create(policy="expire-holds", key="noop", value=7)
-    total.objects.create(policy="expire-holds", key="chunks_published", value=40)
-    total.objects.create(policy="expire-holds", key="messages_sent", value=2)  # both
+    total.objects.create(policy="expire-leases", key="noop", value=7)
+    total.objects.create(policy="expire-leases", key="chunks_published", value=40)
+    total.objects.create(policy="expire-leases", key="messages_sent", value=2)  # both
     try:
         new = migrate(AFTER).get_model("cleanup", "LedgerTotal")
         figures = dict(new.objects.values_list("key", "value"))

@@ -1,5 +1,5 @@
 """The pages and commands an operator opens to see why work waits answer while a
-learners' table is locked ACCESS EXCLUSIVE by another session (a migration, a
+policy's table is locked ACCESS EXCLUSIVE by another session (a migration, a
 maintenance script): a backlog they cannot count in time is unknown, never 0, and
 never a page that hangs."""
 
@@ -15,8 +15,8 @@ from django.urls import reverse
 
 from cleanup.engine.dispatch import dispatch
 from cleanup.observability.overview import BACKLOG_BUDGET_MS
-from tests.factories import SeatHoldFactory
-from tests.test_blockers import HOLDS, other_session
+from tests.engine_app.factories import LeaseFactory
+from tests.test_blockers import LEASES, other_session
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the lock is another session's
 # Each locked policy costs its budget once; the rest is the page itself.
@@ -25,10 +25,10 @@ ANSWERS_WITHIN = 2 * BACKLOG_BUDGET_MS / 1000 + 1.5
 
 @pytest.fixture
 def table_locked():
-    SeatHoldFactory.create_batch(5, expired=True)
-    run = dispatch("expire-holds").run
+    LeaseFactory.create_batch(5, expired=True)
+    run = dispatch("expire-leases").run
     with other_session("schema-change") as other:
-        other.execute(f'LOCK TABLE "{HOLDS}" IN ACCESS EXCLUSIVE MODE')
+        other.execute(f'LOCK TABLE "{LEASES}" IN ACCESS EXCLUSIVE MODE')
         yield run
         other.rollback()
 
@@ -47,7 +47,7 @@ def test_the_overview_answers_and_says_the_backlog_is_unknown(admin_client, tabl
     assert page.status_code == 200 and took < ANSWERS_WITHIN, took
     assert "Backlog unknown" in text
     assert f"not counted within {BACKLOG_BUDGET_MS:,} ms" in text
-    assert reverse("admin:cleanup_policy_blockers", args=["expire-holds"]) in text
+    assert reverse("admin:cleanup_policy_blockers", args=["expire-leases"]) in text
 
 
 @pytest.mark.parametrize("name", ["admin:cleanup_run_change", "admin:cleanup_chunk_change"])
@@ -62,10 +62,10 @@ def test_cleanup_policies_says_unknown_not_none(table_locked):
     _, took = timed(lambda: call_command("cleanup_policies", stdout=out))
     as_json = StringIO()
     call_command("cleanup_policies", "--json", stdout=as_json)
-    [holds] = [p for p in json.loads(as_json.getvalue())["policies"]
-               if p["policy"] == "expire-holds"]
+    [leases] = [p for p in json.loads(as_json.getvalue())["policies"]
+                if p["policy"] == "expire-leases"]
 
     assert took < ANSWERS_WITHIN, took
     assert (f"backlog   unknown: not counted within {BACKLOG_BUDGET_MS:,} ms (is its table "
             "locked?)") in out.getvalue()
-    assert holds["backlog"]["eligible_rows"] is None
+    assert leases["backlog"]["eligible_rows"] is None

@@ -1,14 +1,14 @@
-"""A learner's renewal blocked by a chunk: the following chunks shrink, and grow back once
-nothing waits, in a whole run of expire-holds delivered chunk by chunk.
+"""A holder's renewal blocked by a chunk: the following chunks shrink, and grow back once
+nothing waits, in a whole run of expire-leases delivered chunk by chunk.
 
-django_db(transaction=True): the chunk, the learner's renewal and the test each run on a
+django_db(transaction=True): the chunk, the holder's renewal and the test each run on a
 real connection of their own, and a lock wait is only seen between sessions that see one
 another's commits, which the per-test transaction would hide.
 
-A row trigger on the holds table, installed for the test, makes each deleted row cost
+A row trigger on the leases table, installed for the test, makes each deleted row cost
 PACE_MS inside the chunk's transaction (so a chunk's pace is bounded by a known figure
-and the sizes it learns are exact), and holds the chunk open on one hold's row lock until
-the test opens a gate: that is when a learner's renewal waits on the chunk past
+and the sizes it learns are exact), and holds the chunk open on one lease's row lock
+until the test opens a gate: that is when a holder's renewal waits on the chunk past
 CLEANUP_MAX_LOCK_WAIT_MS. The gate is an advisory lock, so the test decides from
 pg_locks and pg_stat_activity, never from a clock, when the wait is long enough.
 """
@@ -30,12 +30,11 @@ from cleanup.engine.sizing import SLOW_BUDGET_SHARE, STEP
 from cleanup.engine.worker import Outcome, apply_chunk
 from cleanup.models import Chunk, Run
 from cleanup.policies import get_policy
-from reservations.exceptions import HoldNotFound
-from reservations.models import SeatHold
-from reservations.policies import EXPIRE_HOLDS
-from reservations.services import renew_hold
 from tests.conftest import wait_for
-from tests.factories import SeatHoldFactory
+from tests.engine_app.factories import LeaseFactory
+from tests.engine_app.models import Lease
+from tests.engine_app.policies import EXPIRE_LEASES
+from tests.engine_app.services import renew_lease
 from tests.test_concurrency import Worker
 from tests.test_pressure import session
 
@@ -49,7 +48,7 @@ PACE_MS = 25
 # step down is exact. Without waits the pace may fall to 8 rows per 375 ms (a chunk of
 # FULL rows taking 175 ms over its sleeps) and still learn FULL.
 BUDGET_MS = 375
-GATE = (4242, 2)  # the advisory lock the trigger waits for on the blocked hold's row
+GATE = (4242, 2)  # the advisory lock the trigger waits for on the blocked lease's row
 EXPIRED = 44  # chunks of 8, 8, 8 (the renewal waits on the third), 4, 8, 8
 
 READINGS: list[Signal] = []
@@ -67,16 +66,16 @@ def lock_waits_read(policy, db, **limits) -> Signal:
     return signal
 
 
-def install_trigger(blocked_hold: int = 0) -> None:
-    """Each deleted hold costs PACE_MS; deleting ``blocked_hold`` (its row locked by the
+def install_trigger(blocked_lease: int = 0) -> None:
+    """Each deleted lease costs PACE_MS; deleting ``blocked_lease`` (its row locked by the
     DELETE already: a BEFORE ROW trigger runs on the locked row) waits for the gate."""
-    table = SeatHold._meta.db_table
+    table = Lease._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(f"""
             CREATE OR REPLACE FUNCTION test_chunk_pace() RETURNS trigger AS $$
             BEGIN
                 PERFORM pg_sleep({PACE_MS / 1000});
-                IF OLD.id = {int(blocked_hold)} THEN
+                IF OLD.id = {int(blocked_lease)} THEN
                     PERFORM pg_advisory_xact_lock_shared({GATE[0]}, {GATE[1]});
                 END IF;
                 RETURN OLD;
@@ -92,7 +91,7 @@ def paced_deletes():
     install_trigger()
     yield install_trigger
     with connection.cursor() as cursor:
-        cursor.execute(f"DROP TRIGGER IF EXISTS test_chunk_pace ON {SeatHold._meta.db_table}")
+        cursor.execute(f"DROP TRIGGER IF EXISTS test_chunk_pace ON {Lease._meta.db_table}")
         cursor.execute("DROP FUNCTION IF EXISTS test_chunk_pace()")
 
 
@@ -105,7 +104,7 @@ def learning(settings, chunk_size, monkeypatch):
     settings.CLEANUP_MAX_LOCK_WAIT_MS = LIMIT_MS
     settings.CLEANUP_PRESSURE_CHECK_SECONDS = 0  # each top-up reads afresh
     monkeypatch.setattr(pressure, "lock_waits", lock_waits_read)
-    chunk_size(EXPIRE_HOLDS, FULL)
+    chunk_size(EXPIRE_LEASES, FULL)
     READINGS.clear()
     yield
     READINGS.clear()
@@ -148,45 +147,47 @@ def renewal_wait(pid: int, chunk_pid: int) -> float | None:
     return float(row[1])
 
 
-def renew_as_learner(hold_id: int, pids: queue.Queue):
+def renew_as_holder(lease_id: int, pids: queue.Queue) -> bool:
+    """Renew the lease as its holder does; whether there was still a lease to renew."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         pids.put(cursor.fetchone()[0])
-    return renew_hold(hold_id)
+    renew_lease(lease_id)
+    return Lease.objects.filter(pk=lease_id).exists()
 
 
 @pytest.mark.usefixtures("row_locks_waited")
 def test_a_renewal_blocked_by_a_chunk_shrinks_the_next_chunks_until_the_waits_stop(
-        learning, paced_deletes, section):
-    expired = {hold.pk for hold in SeatHoldFactory.create_batch(EXPIRED, section=section,
-                                                                expired=True)}
-    ineligible = {hold.pk for hold in [
-        *SeatHoldFactory.create_batch(3, section=section),  # not expired yet
-        *SeatHoldFactory.create_batch(3, section=section, expired=True,
-                                      status=SeatHold.Status.CONFIRMED),
+        learning, paced_deletes, account):
+    expired = {lease.pk for lease in LeaseFactory.create_batch(EXPIRED, account=account,
+                                                               expired=True)}
+    ineligible = {lease.pk for lease in [
+        *LeaseFactory.create_batch(3, account=account),  # not expired yet
+        *LeaseFactory.create_batch(3, account=account, expired=True,
+                                   state=Lease.State.KEPT),
     ]}
-    policy = get_policy(EXPIRE_HOLDS)
-    run = dispatch(EXPIRE_HOLDS).run
+    policy = get_policy(EXPIRE_LEASES)
+    run = dispatch(EXPIRE_LEASES).run
     for _ in range(2):
         assert apply_chunk(next_unfinished(run).message) == Outcome.DELETED
 
-    # The third chunk: a learner renews one of its holds while its DELETE holds the row.
+    # The third chunk: a holder renews one of its leases while its DELETE holds the row.
     blocking = next_unfinished(run)
-    blocked_hold = blocking.message["items"][3][0]
-    paced_deletes(blocked_hold)
+    blocked_lease = blocking.message["items"][3][0]
+    paced_deletes(blocked_lease)
     with session(autocommit=True) as gate:
         gate.execute("SELECT pg_advisory_lock(%s, %s)", GATE)
         try:
             delivery = Worker(apply_chunk, blocking.message)
             delivery.start()
             chunk_pid = wait_for(waiting_on_gate, timeout=10, interval=0.01,
-                                 what="the chunk to lock the renewed hold's row")
+                                 what="the chunk to lock the renewed lease's row")
             pids: queue.Queue = queue.Queue()
-            learner = Worker(renew_as_learner, blocked_hold, pids)
-            learner.start()
-            learner_pid = pids.get(timeout=10)
+            holder = Worker(renew_as_holder, blocked_lease, pids)
+            holder.start()
+            holder_pid = pids.get(timeout=10)
             waited_ms = wait_for(
-                lambda: (ms := renewal_wait(learner_pid, chunk_pid)) is not None
+                lambda: (ms := renewal_wait(holder_pid, chunk_pid)) is not None
                 and ms > LIMIT_MS and ms, timeout=10, interval=0.01,
                 what=f"the renewal to wait on the chunk over {LIMIT_MS} ms")
             seen = pressure.lock_waits(policy, connection, limit_ms=LIMIT_MS)
@@ -194,15 +195,15 @@ def test_a_renewal_blocked_by_a_chunk_shrinks_the_next_chunks_until_the_waits_st
             gate.execute("SELECT pg_advisory_unlock(%s, %s)", GATE)
     assert delivery.outcome() == Outcome.DELETED
     assert seen.level is Level.SLOW and seen.value > LIMIT_MS, seen
-    # The renewal came after the DELETE had locked the expired hold: it finds it gone.
-    # Only a renewal that commits first keeps a hold (below).
-    with pytest.raises(HoldNotFound):
-        learner.outcome()
+    # The renewal came after the DELETE had locked the expired lease: it finds it gone.
+    # Only a renewal that commits first keeps a lease (below).
+    assert holder.outcome() is False
 
-    # A learner renews a hold of the chunk planned while the wait was seen: it survives.
+    # A holder renews a lease of the chunk planned while the wait was seen: it survives.
     shrunk = next_unfinished(run)
-    renewed_hold = shrunk.message["items"][0][0]
-    renewed_until = renew_hold(renewed_hold).expires_at
+    renewed_lease = shrunk.message["items"][0][0]
+    renew_lease(renewed_lease)
+    renewed_until = Lease.objects.get(pk=renewed_lease).expires_at
     assert renewed_until > timezone.now()
     while run.chunks.filter(state__in=Chunk.UNFINISHED).exists():
         assert apply_chunk(next_unfinished(run).message) == Outcome.DELETED
@@ -223,19 +224,19 @@ def test_a_renewal_blocked_by_a_chunk_shrinks_the_next_chunks_until_the_waits_st
     assert run.next_chunk_size == FULL
     assert SLOW_BUDGET_SHARE * BUDGET_MS / PACE_MS < FULL // STEP  # why the step is exact
 
-    # The ledger equals the table: every expired hold gone but the renewed one, nothing
-    # ineligible deleted, and the renewed hold survived with its new expiry.
+    # The ledger equals the table: every expired lease gone but the renewed one, nothing
+    # ineligible deleted, and the renewed lease survived with its new expiry.
     assert run.state == Run.State.COMPLETED
     assert [chunk.rows_deleted for chunk in chunks] == [8, 8, 8, 3, 8, 8]
     assert sum(sizes) == run.candidates == EXPIRED
-    left = set(SeatHold.objects.values_list("pk", flat=True))
-    assert left == ineligible | {renewed_hold}
+    left = set(Lease.objects.values_list("pk", flat=True))
+    assert left == ineligible | {renewed_lease}
     assert sum(chunk.rows_deleted for chunk in chunks) == len(expired - left) == EXPIRED - 1
-    assert SeatHold.objects.get(pk=renewed_hold).expires_at == renewed_until
+    assert Lease.objects.get(pk=renewed_lease).expires_at == renewed_until
 
     # Nothing waits any more: the indicator, and the policy's whole signal, read OK.
     assert pressure.lock_waits(policy, connection, limit_ms=LIMIT_MS).level is Level.OK
-    pressure.forget(EXPIRE_HOLDS)
+    pressure.forget(EXPIRE_LEASES)
     assert pressure.check(policy).level is Level.OK
 
 
@@ -261,7 +262,7 @@ def test_lock_waits_in_another_database_do_not_slow_cleanup():
         try:
             wait_for(lambda: waited_over(waiter.info.backend_pid, LIMIT_MS), timeout=10,
                      interval=0.01, what=f"a wait over {LIMIT_MS} ms in the other database")
-            signal = pressure.lock_waits(get_policy(EXPIRE_HOLDS), connection,
+            signal = pressure.lock_waits(get_policy(EXPIRE_LEASES), connection,
                                          limit_ms=LIMIT_MS)
         finally:
             holder.execute("ROLLBACK")

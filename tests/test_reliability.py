@@ -16,6 +16,7 @@ from cleanup.engine.reconcile import reconcile
 from cleanup.engine.worker import Outcome, apply_chunk
 from cleanup.models import Chunk, WorkerHeartbeat
 from cleanup.observability.health import beat
+from tests.conftest import SCRATCH_REDIS_URL
 from tests.engine_app.models import Lease
 
 pytestmark = pytest.mark.django_db
@@ -72,7 +73,7 @@ def test_chunks_planned_but_never_sent_are_sent(expired_leases, monkeypatch):
 @pytest.fixture
 def redis_broker(monkeypatch):
     """django-q2's Redis broker on a scratch database (Conf is read at import)."""
-    url = "redis://127.0.0.1:6379/15"
+    url = SCRATCH_REDIS_URL
     client = redis.from_url(url)
     client.flushdb()
     monkeypatch.setattr(Conf, "ORM", None)

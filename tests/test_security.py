@@ -17,7 +17,7 @@ from cleanup.engine.dispatch import dispatch
 from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk, Run
 from tests.conftest import ROOT, subprocess_env
-from tests.factories import SeatHoldFactory
+from tests.engine_app.factories import LeaseFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -41,13 +41,13 @@ def login(client: Client, role: str) -> None:
 
 
 @pytest.fixture
-def world(section):
+def world(account):
     """A running run with an enqueued chunk, and a finished one with a dead letter."""
-    SeatHoldFactory.create_batch(2, section=section, expired=True)
-    dead = dispatch("expire-holds").run.chunks.get()
+    LeaseFactory.create_batch(2, account=account, expired=True)
+    dead = dispatch("expire-leases").run.chunks.get()
     apply_chunk({**dead.message, "version": 7})
-    SeatHoldFactory(section=section, expired=True)
-    running = dispatch("expire-holds", key="running").run
+    LeaseFactory(account=account, expired=True)
+    running = dispatch("expire-leases", key="running").run
     OrmQ.objects.all().delete()
     return {"dead": Chunk.objects.get(pk=dead.pk), "running": running}
 
@@ -69,7 +69,7 @@ def attempts(world) -> dict:
         "discard": (chunks, {"action": "discard_chunks", "_selected_action": [dead.pk],
                              "post": "yes", "reason": "x"}),
         "dispatch": (reverse("admin:cleanup_run_dispatch"),
-                     {"policy": "expire-holds", "confirm_key": "6f1c1a58-5cb0-4a55-8a39"
+                     {"policy": "expire-leases", "confirm_key": "6f1c1a58-5cb0-4a55-8a39"
                       "-0f25b8f6f1d1", "_confirm": "1"}),
         "cancel": (runs, {"action": "cancel_runs", "_selected_action": [running.pk],
                           "post": "yes"}),

@@ -23,7 +23,7 @@ from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk, Run, Slot
 from cleanup.models import Lease as WorkLease
 from cleanup.scheduling.schedules import dispatch_slot
-from tests.conftest import ROOT, manage, subprocess_env, wait_for
+from tests.conftest import ROOT, SCRATCH_REDIS_URL, manage, subprocess_env, wait_for
 from tests.engine_app.factories import AccountFactory, LeaseFactory
 from tests.engine_app.models import Lease
 
@@ -165,10 +165,10 @@ def test_with_redis_an_abandoned_sync_run_is_sent_once_its_takeover_commits(back
     import redis
     from django_q.conf import Conf
 
-    client = redis.from_url("redis://127.0.0.1:6379/15")
+    client = redis.from_url(SCRATCH_REDIS_URL)
     client.flushdb()
     monkeypatch.setattr(Conf, "ORM", None)
-    monkeypatch.setattr(Conf, "REDIS", "redis://127.0.0.1:6379/15")
+    monkeypatch.setattr(Conf, "REDIS", SCRATCH_REDIS_URL)
     try:
         run = killed_sync(1)
 

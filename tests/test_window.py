@@ -19,7 +19,7 @@ from cleanup.engine.reconcile import reconcile
 from cleanup.engine.sizing import STEP
 from cleanup.engine.worker import Outcome, apply_chunk
 from cleanup.models import Chunk, Run
-from tests.conftest import chunks_of
+from tests.conftest import SCRATCH_REDIS_URL, chunks_of
 from tests.engine_app.factories import LeaseFactory
 from tests.engine_app.models import Lease
 
@@ -255,7 +255,7 @@ def test_with_redis_the_next_chunk_is_sent_after_its_planners_commit(account, se
                                                                      chunk_size, monkeypatch):
     import redis
 
-    url = "redis://127.0.0.1:6379/15"
+    url = SCRATCH_REDIS_URL
     client = redis.from_url(url)
     client.flushdb()
     monkeypatch.setattr(Conf, "ORM", None)

@@ -463,10 +463,10 @@ def test_idempotency_keys_are_logged_at_debug(expired_leases, caplog):
 
 
 
-# What a chunk's end costs: the product's range policy, a chunk whose commit plans the next
+# What a chunk's end costs: a range chunk whose commit plans the next
 
 
-def test_a_range_chunk_that_plans_the_next_costs_nineteen_statements(section, settings):
+def test_a_range_chunk_that_plans_the_next_costs_nineteen_statements(account, settings):
     """Its DELETE and eighteen of bookkeeping (and, outside a test, two COMMITs and
     four savepoints). Pinned so a change that adds a round trip to every chunk is seen: on a
     small machine each costs about 1 ms of the worker's time beside a 40 ms DELETE
@@ -474,13 +474,8 @@ def test_a_range_chunk_that_plans_the_next_costs_nineteen_statements(section, se
     delivery's start, which locks the chunk's row: a process frozen there must not keep
     the chunk from its redelivery."""
     settings.CLEANUP_CHUNK_BUDGET_MS = 40  # sizing reads the run's pace, as by default
-    from reservations.models import SeatHold
-    from reservations.policies import EXPIRE_HOLDS
-    from tests.factories import SeatHoldFactory
-
-    SeatHold.objects.bulk_create(SeatHoldFactory.build_batch(2_600, section=section,
-                                                             expired=True))
-    run = dispatch(EXPIRE_HOLDS, scheme="range").run
+    Lease.objects.bulk_create(LeaseFactory.build_batch(2_600, account=account, expired=True))
+    run = dispatch("expire-leases", scheme="range").run
     first, *_ = chunks_of(run)
     assert run.chunk_size * len(chunks_of(run)) < 2_600  # more to plan after the window
 
