@@ -22,7 +22,8 @@ import uuid
 
 import structlog
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import Count, Exists, Q, Subquery, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django_q.tasks import async_task
 
@@ -54,8 +55,18 @@ def size(policy: Policy) -> int:
 
 def in_flight(policy_name: str) -> int:
     """Chunks of the policy's running runs that are planned, enqueued or retrying."""
+    return _unfinished(policy_name).count()
+
+
+def _unfinished(policy_name: str):
     return Chunk.objects.filter(run__policy=policy_name, run__state=Run.State.RUNNING,
-                                state__in=Chunk.UNFINISHED).count()
+                                state__in=Chunk.UNFINISHED)
+
+
+def _in_flight(policy_name: str):
+    """``in_flight`` as a subquery of one row (none when there are none)."""
+    return (_unfinished(policy_name).order_by().annotate(one=Value(1)).values("one")
+            .annotate(n=Count("pk")).values("n"))
 
 
 def lock_policy(policy_name: str) -> None:
@@ -78,25 +89,35 @@ def top_up(policy: Policy, *, strict: bool = False, recheck: bool = True) -> int
     recheck task is sent to look again (``recheck`` False: the caller is that task).
     """
     lock_policy(policy.name)
+    # With each run, in the same statement, the policy's chunks in flight and whether it
+    # has a halt open (each subquery is computed once): a chunk's end reads no more.
     runs = list(Run.objects.filter(policy=policy.name, state=Run.State.RUNNING)
                 .filter(Q(planned_all=False) | Q(in_process=True))
-                .order_by("created_at", "pk").values_list("pk", "planned_all", "in_process"))
-    _take_over(policy.name, [pk for pk, _, in_process in runs if in_process])
+                .annotate(flying=Coalesce(Subquery(_in_flight(policy.name)), 0),
+                          halted=Exists(Halt.objects.filter(policy=policy.name,
+                                                            ended_at__isnull=True)))
+                .order_by("created_at", "pk")
+                .values_list("pk", "planned_all", "in_process", "flying", "halted"))
+    taken = _take_over(policy.name, [pk for pk, _, in_process, *_ in runs if in_process])
     if not (runs := [row for row in runs if not row[1]]):
         return 0  # every run planned: no pressure to read
+    _, _, _, flying, any_halt = runs[0]
+    flying = in_flight(policy.name) if taken else flying  # the take-over sent chunks
     signal = pressure.check(policy)
-    halted = halts.record_pressure(policy.name, signal)
+    # Nothing to keep in line when no halt is open and the signal opens none.
+    halted = (halts.record_pressure(policy.name, signal)
+              if any_halt or signal.level is Level.HALT else [])
     if any(halt.reason in Halt.ENDED_BY_OPERATOR for halt in halted) or (
             signal.level is Level.HALT):
         # Nothing new until the halt ends (cleanup.engine.halts); with nothing in flight
         # whose end would look again, a recheck task does.
-        if recheck and signal.level is Level.HALT and not in_flight(policy.name):
+        if recheck and signal.level is Level.HALT and not flying:
             recheck_later(policy.name)
         return 0
     slow = signal.level is Level.SLOW
-    room = size(policy) - in_flight(policy.name)
+    room = size(policy) - flying
     planned = 0
-    for run_id, _, _ in runs:
+    for run_id, *_ in runs:
         if room <= 0:
             break
         try:
