@@ -6,13 +6,24 @@ from __future__ import annotations
 from django.db.models import (
     BooleanField,
     CharField,
+    Count,
     DateTimeField,
     Expression,
     F,
     Func,
     JSONField,
+    QuerySet,
+    Subquery,
     Value,
 )
+from django.db.models.functions import Coalesce
+
+
+def count_of(rows: QuerySet) -> Coalesce:
+    """How many ``rows`` there are, as an expression to read inside another statement:
+    grouped by a constant, the subquery has one row, or none (hence the Coalesce)."""
+    return Coalesce(Subquery(rows.order_by().annotate(one=Value(1)).values("one")
+                             .annotate(n=Count("pk")).values("n")), 0)
 
 
 class PairsIn(Expression):

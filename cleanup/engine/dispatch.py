@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 import structlog
 from django.db import DatabaseError, IntegrityError, connections, transaction
-from django.db.models import Count, Q, Subquery, Sum, Value
+from django.db.models import Q, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django_q.conf import Conf
@@ -34,6 +34,7 @@ from cleanup.engine.in_process import (
 from cleanup.engine.preview import preview
 from cleanup.engine.summary import DispatchResult, describe_dispatch
 from cleanup.exceptions import BadKey, KeyReused
+from cleanup.expressions import count_of
 from cleanup.models import ROWS_CHANGED, Chunk, Run
 from cleanup.policies import Policy, check_scheme, get_policy
 
@@ -241,9 +242,8 @@ def _count_eligible(request: Request, run: Run) -> int | None:
     there) together.
     """
     policy = request.policy
-    # Grouped by a constant: one row (or none, hence the Coalesce) per subquery.
-    eligible = (policy.eligible_rows(request.frozen).order_by().annotate(one=Value(1))
-                .values("one").annotate(n=Count("pk")).values("n"))
+    eligible = policy.eligible_rows(request.frozen)
+    # Grouped by the run: one row, or none (hence the Coalesce).
     changed = Chunk.objects.filter(run_id=run.pk).order_by().values("run_id").annotate(
         n=Sum(ROWS_CHANGED)).values("n")
     try:
@@ -252,7 +252,7 @@ def _count_eligible(request: Request, run: Run) -> int | None:
             cursor.execute("SELECT set_config('statement_timeout', %s, true)",
                            [f"{ELIGIBLE_COUNT_TIMEOUT_MS}ms"])
             rows = Run.objects.using(eligible.db).filter(pk=run.pk).annotate(
-                rows=Coalesce(Subquery(eligible), 0) + Coalesce(Subquery(changed), 0),
+                rows=count_of(eligible) + Coalesce(Subquery(changed), 0),
             ).values_list("rows", flat=True).get()
     except DatabaseError as exc:
         # The run is dispatched already: a count that fails (a statement timeout on a

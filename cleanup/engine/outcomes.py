@@ -30,12 +30,12 @@ def committed(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
            policy: Policy | None = None, delivery: int | None = None) -> bool:
     """``transitions.to_committed``, then the window topped up and the run settled
     (``policy``: the run's, where the caller knows it)."""
-    committed = transitions.to_committed(chunk, deleted=deleted, retries=retries, elapsed=elapsed,
-                                   updated=updated, locked=locked, cpu_wait=cpu_wait,
-                                   delivery=delivery)
-    if committed:
+    done = transitions.to_committed(chunk, deleted=deleted, retries=retries, elapsed=elapsed,
+                                    updated=updated, locked=locked, cpu_wait=cpu_wait,
+                                    delivery=delivery)
+    if done:
         _top_up_and_settle(chunk.run_id, policy=policy)
-    return committed
+    return done
 
 
 def dead_lettered(chunk: Chunk, reason: str, failure_class: str, *, received: str = "",
@@ -46,7 +46,7 @@ def dead_lettered(chunk: Chunk, reason: str, failure_class: str, *, received: st
     plans nothing more of it."""
     with transaction.atomic():
         dead = transitions.to_dead_lettered(chunk, reason, failure_class, received=received,
-                                       delivery=delivery)
+                                            delivery=delivery)
         if dead:
             failing.weigh(chunk.run_id)
             _top_up_and_settle(chunk.run_id)

@@ -22,8 +22,7 @@ import uuid
 
 import structlog
 from django.db import connection, transaction
-from django.db.models import Count, Exists, Q, Subquery, Value
-from django.db.models.functions import Coalesce
+from django.db.models import Exists, Q
 from django.utils import timezone
 from django_q.tasks import async_task
 
@@ -42,6 +41,7 @@ from cleanup.engine import (
 )
 from cleanup.engine.pressure import Level
 from cleanup.exceptions import summary_of
+from cleanup.expressions import count_of
 from cleanup.models import Chunk, Halt, Run
 from cleanup.policies import Policy, find_policy
 
@@ -61,12 +61,6 @@ def in_flight(policy_name: str) -> int:
 def _unfinished(policy_name: str):
     return Chunk.objects.filter(run__policy=policy_name, run__state=Run.State.RUNNING,
                                 state__in=Chunk.UNFINISHED)
-
-
-def _in_flight(policy_name: str):
-    """``in_flight`` as a subquery of one row (none when there are none)."""
-    return (_unfinished(policy_name).order_by().annotate(one=Value(1)).values("one")
-            .annotate(n=Count("pk")).values("n"))
 
 
 def lock_policy(policy_name: str) -> None:
@@ -93,7 +87,7 @@ def top_up(policy: Policy, *, strict: bool = False, recheck: bool = True) -> int
     # has a halt open (each subquery is computed once): a chunk's end reads no more.
     runs = list(Run.objects.filter(policy=policy.name, state=Run.State.RUNNING)
                 .filter(Q(planned_all=False) | Q(in_process=True))
-                .annotate(flying=Coalesce(Subquery(_in_flight(policy.name)), 0),
+                .annotate(flying=count_of(_unfinished(policy.name)),
                           halted=Exists(Halt.objects.filter(policy=policy.name,
                                                             ended_at__isnull=True)))
                 .order_by("created_at", "pk")
