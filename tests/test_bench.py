@@ -92,7 +92,13 @@ def test_small_preset_is_correct_and_keeps_the_range_ratio(tmp_path):
         row = results[name]
         assert 0 < row["time_efficiency"] <= 1, name
         spent = row["per_chunk_ms"]
-        assert set(spent) == {"waiting", "starting", "statement", "finishing", "cpu wait"}, name
+        assert set(spent) == {"waiting", "starting", "statement", "finishing", "fixed",
+                              "between", "cpu wait"}, name
+        # A chunk's fixed cost is its starting and finishing; its worker's own share of
+        # it, from one statement's end to its next statement's start, is a part of that.
+        assert spent["fixed"]["sum_s"] == pytest.approx(
+            spent["starting"]["sum_s"] + spent["finishing"]["sum_s"], abs=0.02), name
+        assert spent["between"]["p50"] > 0, name
         # The statement part is the ledger's own durations, summed; the worker's wait for a
         # CPU is a part of it.
         assert spent["statement"]["sum_s"] == pytest.approx(row["in_transactions_s"], abs=0.01)

@@ -189,3 +189,22 @@ def test_within_a_run_a_busy_client_does_not_shrink_the_next_chunk():
     Chunk.objects.filter(run=run).update(cpu_wait_ms=None)
     size, _ = sizing.next_size(run, get_policy(EXPIRE))
     assert size == 50 * 100
+
+
+@pytest.mark.parametrize("scheme, span", [(RANGE, 3_000), (ITEMS, 0)])
+def test_the_pace_read_with_the_locked_run_is_the_one_read_on_its_own(scheme, span):
+    # A chunk's top-up reads the run's latest chunks in the statement that locks it.
+    run = history(scheme, chunks=sizing.LATEST + 2, rows=1_000, duration_ms=10, span=span,
+                  cpu_wait_ms=2)
+    Chunk.objects.filter(run=run, chunk_id=1).update(duration_ms=500)  # the oldest: left out
+    run.state, run.next_chunk_size = Run.State.RUNNING, 6_000
+    (read,) = sizing.with_latest_chunks(Run.objects.filter(pk=run.pk))
+    assert len(read.latest_chunks) == sizing.LATEST
+    if scheme == ITEMS:  # its large messages are not read for a span they do not carry
+        assert {chunk["message__start_id"] for chunk in read.latest_chunks} == {None}
+    policy = get_policy(EXPIRE)
+    together = sizing.next_size(run, policy, latest=read.latest_chunks)
+    assert together == sizing.next_size(run, policy)
+    # 125 rows a ms of the database's time, 6,250 rows in the budget (items: their ceiling).
+    assert together[0] == (2_000 if scheme == ITEMS else 50 * 1_000 // 8)
+    assert (together[1] is None) == (scheme == ITEMS)

@@ -90,9 +90,11 @@ def cancelled(run_ids: Iterable) -> list[tuple[Run, int]]:
     return cancelled
 
 
-def _top_up_and_settle(run_id, *, policy: Policy | None = None) -> Run:
+def _top_up_and_settle(run_id, *, policy: Policy | None = None) -> None:
     """Top the run's policy's window up (in a savepoint: the chunk's end commits even if
-    planning fails), then bring the run's state in line with its chunks.
+    planning fails), then bring the run's state in line with its chunks, unless the
+    top-up just planned for it and it has more to plan: it is running, and stays so
+    under the row lock the top-up took (most chunks' end, one statement fewer).
 
     ``policy`` is the run's policy where the caller has it (a chunk's worker does),
     which saves reading it on every chunk's end; a policy a deploy removed plans
@@ -100,6 +102,6 @@ def _top_up_and_settle(run_id, *, policy: Policy | None = None) -> Run:
     if policy is None:
         name = Run.objects.filter(pk=run_id).values_list("policy", flat=True).first()
         policy = find_policy(name) if name is not None else None
-    if policy is not None:
-        window.top_up_safely(policy)
-    return transitions.settle_run(run_id)
+    topped = window.top_up_safely(policy) if policy is not None else window.TopUp()
+    if run_id not in topped.still_planning:
+        transitions.settle_run(run_id)

@@ -22,8 +22,10 @@ database of five runs ago.
 
 from __future__ import annotations
 
-from django.db.models import F, Window
-from django.db.models.functions import RowNumber
+from django.contrib.postgres.expressions import ArraySubquery
+from django.db.models import Case, F, OuterRef, Value, When, Window
+from django.db.models.functions import JSONObject, RowNumber
+from django.db.models.lookups import Exact
 
 from cleanup.conf import conf
 from cleanup.models import Chunk, Run
@@ -94,28 +96,46 @@ def max_span(policy: Policy, scheme: str, size: int) -> int | None:
     return max(1, round(SPAN_FACTOR * size * spans[len(spans) // 2]))
 
 
-def next_size(run, policy: Policy, *, slow: bool = False) -> tuple[int, int | None]:
+def with_latest_chunks(runs):
+    """``runs`` with each run's latest done chunks as ``next_size`` reads them
+    (``latest_chunks``), in the same statement: a chunk's top-up locks its run and reads
+    them in one round trip.
+
+    They are read in that statement's snapshot, from before any wait for the run's
+    lock: a chunk another worker committed during the wait is left out of this size,
+    and counts for the next.
+    """
+    items = Exact(OuterRef("scheme"), Value(ITEMS))
+    # An items message is large and carries no span: left unread.
+    span = {name: Case(When(items, then=None), default=F(name))
+            for name in ("message__start_id", "message__end_id")}
+    latest = (_done(Chunk.objects.filter(run=OuterRef("pk")))
+              .order_by("-committed_at")
+              .values(chunk=JSONObject(**{name: F(name) for name in PACE_FIELDS}, **span))
+              [:LATEST])
+    return runs.annotate(latest_chunks=ArraySubquery(latest))
+
+
+def next_size(run, policy: Policy, *, latest: list[dict] | None = None,
+              slow: bool = False) -> tuple[int, int | None]:
     """Return the rows and the widest id span (ranges) of the run's next chunk.
 
-    From the median pace of the run's latest done chunks, bounded as for a new run and
-    at most ``STEP`` times the current size either way; the span cap follows the
-    density those chunks found. Unchanged until a chunk of the run is done. ``slow``
-    (the policy's chunks make other sessions wait on their locks) learns against
-    ``SLOW_BUDGET_SHARE`` of the budget, so chunks shrink a step at a time until the
-    waits stop, then grow back.
+    From the median pace of the run's latest done chunks (``latest``, if read with the
+    run: ``with_latest_chunks``), bounded as for a new run and at most ``STEP`` times the
+    current size either way; the span cap follows the density those chunks found.
+    Unchanged until a chunk of the run is done. ``slow`` (the policy's chunks make other
+    sessions wait on their locks) learns against ``SLOW_BUDGET_SHARE`` of the budget, so
+    chunks shrink a step at a time until the waits stop, then grow back.
     """
     current = run.next_chunk_size or run.chunk_size or policy.chunk_size
     if not conf.CHUNK_BUDGET_MS:
         return current, run.max_span
-    fields = list(PACE_FIELDS)
-    if run.scheme != ITEMS:  # an items message is large and carries no span: left unread
-        fields += ["message__start_id", "message__end_id"]
-    latest = list(
-        Chunk.objects.filter(run=run, state__in=Chunk.DONE, duration_ms__isnull=False,
-                             planned_rows__gt=0)
-        .order_by("-committed_at")
-        .values(*fields)[:LATEST]
-    )
+    if latest is None:
+        fields = list(PACE_FIELDS)
+        if run.scheme != ITEMS:  # an items message is large and carries no span: left unread
+            fields += ["message__start_id", "message__end_id"]
+        latest = list(_done(Chunk.objects.filter(run=run)).order_by("-committed_at")
+                      .values(*fields)[:LATEST])
     if not latest:
         return current, run.max_span
     budget = conf.CHUNK_BUDGET_MS * (SLOW_BUDGET_SHARE if slow else 1)
@@ -152,11 +172,15 @@ def _recent_runs(policy: Policy, scheme: str) -> list:
                 .order_by("-created_at", "-pk").values_list("pk", flat=True)[:RUNS])
 
 
+def _done(chunks):
+    """The chunks a pace can be read from: done, timed, and planned with rows."""
+    return chunks.filter(state__in=Chunk.DONE, duration_ms__isnull=False, planned_rows__gt=0)
+
+
 def _recent(run_ids: list):
     """The latest ``PER_RUN`` done chunks of each of the runs."""
     return (
-        Chunk.objects.filter(run__in=run_ids, state__in=Chunk.DONE,
-                             duration_ms__isnull=False, planned_rows__gt=0)
+        _done(Chunk.objects.filter(run__in=run_ids))
         .order_by()
         .annotate(latest=Window(RowNumber(), partition_by=[F("run_id")],
                                 order_by=[F("committed_at").desc(), F("pk").desc()]))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 
 import structlog
 from django.db import connection, transaction
@@ -71,6 +72,16 @@ def lock_policy(policy_name: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class TopUp:
+    """What a top-up did: the chunks it planned, and the runs it planned for that have
+    more to plan. Those runs' rows stay locked by the caller's transaction, so each stays
+    running until it ends: settling one there would change nothing."""
+
+    planned: int = 0
+    still_planning: frozenset = frozenset()
+
+
 def top_up(policy: Policy, *, strict: bool = False, recheck: bool = True) -> int:
     """Plan and send chunks of the policy's running runs, oldest run first, until W are
     in flight or every run is planned; return how many were planned.
@@ -82,6 +93,10 @@ def top_up(policy: Policy, *, strict: bool = False, recheck: bool = True) -> int
     the database's pressure halts plans nothing; with nothing of it in flight, a
     recheck task is sent to look again (``recheck`` False: the caller is that task).
     """
+    return _top_up(policy, strict=strict, recheck=recheck).planned
+
+
+def _top_up(policy: Policy, *, strict: bool = False, recheck: bool = True) -> TopUp:
     lock_policy(policy.name)
     # With each run, in the same statement, the policy's chunks in flight and whether it
     # has a halt open (each subquery is computed once): a chunk's end reads no more.
@@ -94,7 +109,7 @@ def top_up(policy: Policy, *, strict: bool = False, recheck: bool = True) -> int
                 .values_list("pk", "planned_all", "in_process", "flying", "halted"))
     taken = _take_over(policy.name, [pk for pk, _, in_process, *_ in runs if in_process])
     if not (runs := [row for row in runs if not row[1]]):
-        return 0  # every run planned: no pressure to read
+        return TopUp()  # every run planned: no pressure to read
     _, _, _, flying, any_halt = runs[0]
     flying = in_flight(policy.name) if taken else flying  # the take-over sent chunks
     signal = pressure.check(policy)
@@ -107,16 +122,16 @@ def top_up(policy: Policy, *, strict: bool = False, recheck: bool = True) -> int
         # whose end would look again, a recheck task does.
         if recheck and signal.level is Level.HALT and not flying:
             recheck_later(policy.name)
-        return 0
+        return TopUp()
     slow = signal.level is Level.SLOW
     room = size(policy) - flying
-    planned = 0
+    planned, still_planning = 0, set()
     for run_id, *_ in runs:
         if room <= 0:
             break
         try:
             with transaction.atomic():
-                added = _top_up_run(run_id, policy, room, slow=slow)
+                added, more = _top_up_run(run_id, policy, room, slow=slow)
         except Exception as exc:  # noqa: BLE001 - kept on the run, retried later
             if strict:
                 raise
@@ -126,15 +141,21 @@ def top_up(policy: Policy, *, strict: bool = False, recheck: bool = True) -> int
             continue
         room -= added
         planned += added
-    return planned
+        if more:
+            still_planning.add(run_id)
+    return TopUp(planned, frozenset(still_planning))
 
 
-def _top_up_run(run_id, policy: Policy, room: int, *, slow: bool = False) -> int:
-    # Locked, then checked again: a cancel that committed meanwhile is seen here.
-    run = Run.objects.select_for_update().get(pk=run_id)
+def _top_up_run(run_id, policy: Policy, room: int, *, slow: bool = False) -> tuple[int, bool]:
+    """Plan up to ``room`` chunks of the run; return how many, and whether it has more
+    to plan (it is then running, under this transaction's lock of its row)."""
+    # Locked, then checked again: a cancel that committed meanwhile is seen here. Its
+    # latest chunks' pace comes with it, for its next size.
+    run = sizing.with_latest_chunks(Run.objects.select_for_update(of=("self",))).get(pk=run_id)
     if run.state != Run.State.RUNNING or run.planned_all:
-        return 0
-    run.next_chunk_size, run.max_span = sizing.next_size(run, policy, slow=slow)
+        return 0, False
+    run.next_chunk_size, run.max_span = sizing.next_size(run, policy, latest=run.latest_chunks,
+                                                         slow=slow)
     added = 0
     while added < room and not run.planned_all:
         if _plan_next(run, policy):
@@ -143,7 +164,7 @@ def _top_up_run(run_id, policy: Policy, room: int, *, slow: bool = False) -> int
     if run.planned_all:
         # Its last chunk may have finished already (or it found nothing): settled here.
         transitions.settle_run(run.pk)
-    return added
+    return added, not run.planned_all
 
 
 def take_over_abandoned(policy_name: str) -> list:
@@ -215,15 +236,15 @@ def _to_queue(run_id) -> bool:
     return True
 
 
-def top_up_safely(policy: Policy) -> int:
+def top_up_safely(policy: Policy) -> TopUp:
     """``top_up`` in a savepoint: a chunk's outcome commits even if planning the next
     one fails (the reconciler tops the window up again later)."""
     try:
         with transaction.atomic():
-            return top_up(policy)
+            return _top_up(policy)
     except Exception as exc:  # noqa: BLE001 - the outcome must commit whatever failed
         log.error("planning the next chunk failed", policy=policy.name, error=str(exc))
-        return 0
+        return TopUp()
 
 
 def top_up_now(policy: Policy) -> int:

@@ -15,6 +15,14 @@ parts, all from the ledger's timestamps, and one part of its statement's:
   chunks, settling the run, the commit, django-q2 saving the result and the ack);
 - cpu wait: of the statement, how long its worker waited for a CPU (``cpu_wait_ms``: a
   busy client, not a slow database).
+
+Two more figures put these together. A chunk's *fixed cost* is its starting plus its
+finishing. Part of finishing is not the worker's: django-q2's monitor, another
+process, acknowledges the message after the worker handed the result over. So the
+worker's own share is *between*: from a chunk's outcome to the start of the next
+statement on the same worker (its delivery's history names the worker). That is the
+top-up, the settling and the commit, django-q2 taking the result and the next
+message, then starting that chunk, and any wait for a message in between.
 """
 
 from __future__ import annotations
@@ -24,26 +32,37 @@ from datetime import timedelta
 from cleanup.models import Chunk
 from config.devtools.bench.probes import percentile
 
-PARTS = ("waiting", "starting", "statement", "finishing", "cpu wait")
+PARTS = ("waiting", "starting", "statement", "finishing", "fixed", "between", "cpu wait")
 
 
 def time_spent(chunks, started, ended) -> dict:
     """The run's time efficiency and each part's median and p95 per chunk, in ms."""
     rows = list(chunks.filter(state=Chunk.State.ACKNOWLEDGED).values_list(
         "enqueued_at", "last_delivery_at", "committed_at", "acknowledged_at", "duration_ms",
-        "cpu_wait_ms"))
+        "cpu_wait_ms", "history"))
     wall = (ended - started).total_seconds()
     intervals = sorted((committed - timedelta(milliseconds=duration), committed)
-                       for _, _, committed, _, duration, _ in rows)
+                       for _, _, committed, _, duration, _, _ in rows)
     parts: dict[str, list[float]] = {part: [] for part in PARTS}
-    for enqueued, delivered, committed, acknowledged, duration, cpu_wait in rows:
+    per_worker: dict[str, list[tuple]] = {}
+    for enqueued, delivered, committed, acknowledged, duration, cpu_wait, history in rows:
         statement_start = committed - timedelta(milliseconds=duration)
+        starting = max(0.0, _ms(statement_start - delivered))
+        finishing = _ms(acknowledged - committed)
         parts["waiting"].append(_ms(delivered - enqueued))
-        parts["starting"].append(max(0.0, _ms(statement_start - delivered)))
+        parts["starting"].append(starting)
         parts["statement"].append(float(duration))
-        parts["finishing"].append(_ms(acknowledged - committed))
+        parts["finishing"].append(finishing)
+        parts["fixed"].append(starting + finishing)
         if cpu_wait is not None:
             parts["cpu wait"].append(float(cpu_wait))
+        if history:
+            per_worker.setdefault(history[-1].get("worker", ""), []).append(
+                (statement_start, committed))
+    for statements in per_worker.values():
+        statements.sort()
+        parts["between"] += [_ms(following[0] - ended_at) for (_, ended_at), following
+                             in zip(statements, statements[1:], strict=False)]
     return {
         "time_efficiency": round(_covered(intervals) / wall, 4) if wall else None,
         "per_chunk_ms": {part: _summary(sorted(values)) for part, values in parts.items()
