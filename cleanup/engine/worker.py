@@ -196,24 +196,14 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int,
                                cpu_wait=cpu_wait.since(waited), policy=policy,
                                delivery=delivery)
             faults.reach(faults.BEFORE_COMMIT)
-    log.info(
-        "chunk outcome",
-        run_id=message.run_id,
-        chunk_id=message.chunk_id,
-        policy=policy.name,
-        outcome=str(outcome),
-        mutation=policy.mutation,
-        rows_changed=deleted + updated,
-        rows_deleted=deleted,
-        rows_updated=updated,
-        rows_locked=locked,
-        planned_rows=current.planned_rows,
-        already=state if state not in Chunk.UNFINISHED else None,
-        transient_retries=retries,
-    )
-    if message.items is not None and logging.getLogger("cleanup.worker").isEnabledFor(
-        logging.DEBUG
-    ):
+    log.info("chunk outcome", run_id=message.run_id, chunk_id=message.chunk_id,
+             policy=policy.name, outcome=str(outcome), mutation=policy.mutation,
+             rows_changed=deleted + updated, rows_deleted=deleted, rows_updated=updated,
+             rows_locked=locked, planned_rows=current.planned_rows,
+             already=state if state not in Chunk.UNFINISHED else None,
+             transient_retries=retries)
+    if (message.items is not None
+            and logging.getLogger("cleanup.worker").isEnabledFor(logging.DEBUG)):
         for pk, observed in message.items:
             text = observed.isoformat() if isinstance(observed, datetime) else observed
             log.debug("item", run_id=message.run_id, chunk_id=message.chunk_id,
@@ -241,44 +231,52 @@ def _start_delivery(raw, message: ChunkMessage,
     was refused (the chunk dead-lettered).
 
     The start is committed before the work so a worker killed mid-chunk still leaves
-    its trace: deliveries started minus completed is what django-q2 cannot count.
+    its trace: deliveries started minus completed is what django-q2 cannot count. That
+    commit does not wait for its flush (docs/design.md, *A delivery's start*); a message
+    naming no chunk is kept after it, flushed as the server's setting says.
     """
     with transaction.atomic():
-        bound_transaction()
+        bound_transaction(trace=True)
         chunk = (Chunk.objects.select_for_update(of=("self",)).select_related("run")
                  .filter(run_id=message.run_id, chunk_id=message.chunk_id).first())
-        if chunk is None:
-            orphans.record_orphan(raw, f"run {message.run_id} has no chunk {message.chunk_id}",
-                                 run_id=message.run_id, chunk_id=message.chunk_id)
-            return None, None
-        failure_class = Chunk.FailureClass.MALFORMED
-        run = chunk.run
-        if run.policy != policy.name or run.cutoff != message.cutoff:
-            reason = "message policy or cutoff does not match its run"
-        elif message.parameters is not None and message.parameters != run.frozen_parameters:
-            reason = "message parameters do not match the ones its run froze"
-        elif policy.derive is not None and not run.parameters:
-            # Planned before parameters were frozen: recomputing them would read today's
-            # settings, so the run is left to an operator's replay.
-            reason = (f"run froze no parameters but policy {policy.name!r} derives some: "
-                      "replay it with a new cutoff")
-        elif not _same_work(raw, message, chunk.message):
-            reason = "message items or range differ from the chunk in the ledger"
-        elif (
-            chunk.state in Chunk.UNFINISHED
-            and _unfinished(chunk) >= conf.MAX_UNFINISHED_DELIVERIES
-        ):
-            failure_class, reason = _kept_dying(chunk)
-        else:
-            reason = ""
-        ended = ("not applied: the chunk is dead-lettered"
-                 if not reason and chunk.state == Chunk.State.DEAD_LETTERED else "")
-        delivery = transitions.start_delivery(chunk, received_at=timezone.now(),
-                                              worker=leases.this_process(), outcome=ended)
+        if chunk is not None:
+            failure_class, reason, delivery = _count_delivery(raw, message, policy, chunk)
+    if chunk is None:
+        orphans.record_orphan(raw, f"run {message.run_id} has no chunk {message.chunk_id}",
+                              run_id=message.run_id, chunk_id=message.chunk_id)
+        return None, None
     if reason:
         _refuse(raw, chunk, reason, failure_class, delivery)
         return None, None
     return chunk, delivery
+
+
+def _count_delivery(raw, message: ChunkMessage, policy: Policy,
+                    chunk: Chunk) -> tuple[str, str, int]:
+    """The delivery's start entered under the chunk's lock; with the class and reason to
+    refuse it for, if any."""
+    failure_class = Chunk.FailureClass.MALFORMED
+    run = chunk.run
+    if run.policy != policy.name or run.cutoff != message.cutoff:
+        reason = "message policy or cutoff does not match its run"
+    elif message.parameters is not None and message.parameters != run.frozen_parameters:
+        reason = "message parameters do not match the ones its run froze"
+    elif policy.derive is not None and not run.parameters:
+        # Planned before parameters were frozen: recomputing them would read today's
+        # settings, so the run is left to an operator's replay.
+        reason = (f"run froze no parameters but policy {policy.name!r} derives some: "
+                  "replay it with a new cutoff")
+    elif not _same_work(raw, message, chunk.message):
+        reason = "message items or range differ from the chunk in the ledger"
+    elif chunk.state in Chunk.UNFINISHED and (
+            _unfinished(chunk) >= conf.MAX_UNFINISHED_DELIVERIES):
+        failure_class, reason = _kept_dying(chunk)
+    else:
+        reason = ""
+    ended = ("not applied: the chunk is dead-lettered"
+             if not reason and chunk.state == Chunk.State.DEAD_LETTERED else "")
+    return failure_class, reason, transitions.start_delivery(
+        chunk, received_at=timezone.now(), worker=leases.this_process(), outcome=ended)
 
 
 def _refuse(raw, chunk: Chunk, reason: str, failure_class: str, delivery: int) -> None:
@@ -348,9 +346,8 @@ def _dead_letter_message(raw, exc: Exception) -> Outcome:
     run_id, chunk_id = messages.identify(raw)
     chunk = None
     if run_id is not None and chunk_id is not None:
-        chunk = (
-            Chunk.objects.select_related("run").filter(run_id=run_id, chunk_id=chunk_id).first()
-        )
+        chunk = Chunk.objects.select_related("run").filter(run_id=run_id,
+                                                           chunk_id=chunk_id).first()
     if chunk is None:
         orphans.record_orphan(raw, str(exc), run_id=run_id, chunk_id=chunk_id)
     else:
@@ -365,6 +362,8 @@ def _dead_letter_message(raw, exc: Exception) -> Outcome:
 _BOUNDS = ("SELECT set_config('lock_timeout', %s, true), "
            "set_config('statement_timeout', %s, true), "
            "set_config('idle_in_transaction_session_timeout', %s, true)")
+# ... and a delivery's start, a trace that any later commit's flush makes durable.
+_TRACE = f"{_BOUNDS}, set_config('synchronous_commit', 'off', true)"
 # ... and its name, for the lock-waits indicator (cleanup.engine.pressure) and for the
 # events its rows cause (cleanup.outbox.triggers), which say which chunk wrote them.
 _NAMED = (f"{_BOUNDS}, set_config('application_name', %s, true), "
@@ -373,12 +372,14 @@ _NAMED = (f"{_BOUNDS}, set_config('application_name', %s, true), "
           "CASE WHEN %s THEN 'off' ELSE current_setting('synchronous_commit') END, true)")
 
 
-def bound_transaction(chunk: Chunk | None = None, *, durable_before_ack: bool = False) -> None:
+def bound_transaction(chunk: Chunk | None = None, *, durable_before_ack: bool = False,
+                      trace: bool = False) -> None:
     """Bound how long the transaction may wait for a lock, run a statement and sit
     idle: a frozen or cut-off process loses its session, so its locks, after the last.
     ``chunk``: the transaction applies it, and is named for it. ``durable_before_ack``:
     a queue's delivery, which with the ORM broker commits without waiting for its WAL
-    flush, as docs/design.md argues (*A chunk's commit and its flush*)."""
+    flush; ``trace``: a delivery's start, which never waits for it (docs/design.md, *A
+    chunk's commit and its flush*, *A delivery's start*)."""
     bounds = [f"{conf.LOCK_TIMEOUT_MS}ms", f"{conf.STATEMENT_TIMEOUT_MS}ms",
               f"{conf.IDLE_IN_TRANSACTION_TIMEOUT_MS}ms"]
     asynchronous = durable_before_ack and transport.queue_shares_transaction()
@@ -388,7 +389,7 @@ def bound_transaction(chunk: Chunk | None = None, *, durable_before_ack: bool = 
                                     f"run {chunk.run_id} chunk {chunk.chunk_id}",
                                     str(chunk.run_id), str(chunk.chunk_id), asynchronous])
         else:
-            cursor.execute(_BOUNDS, bounds)
+            cursor.execute(_TRACE if trace else _BOUNDS, bounds)
 
 
 def _reset_broken_connection() -> None:
