@@ -345,3 +345,25 @@ def test_a_renewal_probe_with_no_hold_to_draw_from_renews_nothing_and_does_not_f
     assert probe.error is None
     assert summary(probe.latencies) == {"n": 0, "p50_ms": None, "p99_ms": None,
                                         "max_ms": None}
+
+
+@pytest.mark.django_db
+def test_a_limit_runs_at_the_median_size_of_the_latest_runs_chunks_not_its_last_size():
+    # A run whose span ends among few eligible rows ends at a fraction of its size.
+    import uuid
+
+    from django.utils import timezone
+
+    from cleanup.models import Chunk, Run
+    from cleanup.policies import RANGE, get_policy
+    from config.devtools.bench.handwritten import latest_chunk_size
+    from reservations.policies import EXPIRE_HOLDS
+
+    policy = get_policy(EXPIRE_HOLDS)
+    assert latest_chunk_size(policy, RANGE) == policy.chunk_size  # no run yet
+    run = Run.objects.create(policy=policy.name, dispatch_key=f"test:{uuid.uuid4()}",
+                             cutoff=timezone.now(), scheme=RANGE, state=Run.State.COMPLETED,
+                             chunk_size=500, next_chunk_size=700)
+    Chunk.objects.bulk_create(Chunk(run=run, chunk_id=n, planned_rows=rows, message={})
+                              for n, rows in enumerate([500, 9_000, 9_500, 9_200, 1_400], 1))
+    assert latest_chunk_size(policy, RANGE) == 9_000  # not 700, where it ended

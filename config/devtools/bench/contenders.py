@@ -23,6 +23,7 @@ from config.devtools import MANAGE
 from config.devtools.bench import efficiency
 from config.devtools.bench.handwritten import (
     handwritten_unnest,
+    median_rows,
     two_connections_range,
     two_connections_unnest,
 )
@@ -68,8 +69,9 @@ def pipeline(scheme: str, label: str):
         spent = efficiency.time_spent(chunks, run.created_at, ledger["last_ack"])
         return Result(
             f"pipeline_{scheme}", label, rows, seconds,
-            chunks=len(durations), chunk_size=run.next_chunk_size,
-            first_chunk_size=run.chunk_size, window=run.window,
+            chunks=len(durations), chunk_size=median_rows(chunks),
+            first_chunk_size=run.chunk_size, last_chunk_size=run.next_chunk_size,
+            window=run.window,
             command_to_first_chunk_s=round(
                 (ledger["first_start"] - command_started).total_seconds(), 3),
             chunk_p99_ms=percentile(durations, 99), chunk_max_ms=durations[-1],
@@ -162,7 +164,7 @@ def contenders(per_row_sample: int, *, only: str | None = None) -> dict:
     then with the size learned from the runs before, as a policy scheduled every minute
     does. Range runs three times: learning from 500-row chunks, whose fixed costs weigh
     most, undershoots once. Each scheme's two-connection limit runs right after its
-    latest run, at the size that run reached.
+    latest run, at the median size of that run's chunks.
     """
     every = {
         "single_delete": single_delete,

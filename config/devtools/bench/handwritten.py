@@ -115,10 +115,19 @@ def two_connections_range(policy: Policy, timeout: float) -> Result:
 
 
 def latest_chunk_size(policy: Policy, scheme: str) -> int:
-    """The size the policy's latest run of ``scheme`` reached; its chunk size if none ran."""
+    """The median size of the chunks of the policy's latest run of ``scheme``; its chunk
+    size if none ran. Not the size the run's sizing last chose: where a run's span ends
+    among few eligible rows, its last chunks are sparse and slow, and the size it ends
+    at is a fraction of the size its chunks held."""
     latest = Run.objects.filter(policy=policy.name, scheme=scheme).order_by(
         "-created_at").first()
-    return latest.next_chunk_size if latest is not None else policy.chunk_size
+    return median_rows(latest.chunks.all()) if latest is not None else policy.chunk_size
+
+
+def median_rows(chunks) -> int:
+    """The median of the chunks' planned rows (the upper one of an even count)."""
+    rows = sorted(chunks.filter(planned_rows__gt=0).values_list("planned_rows", flat=True))
+    return rows[len(rows) // 2] if rows else 0
 
 
 class KeysetPages:

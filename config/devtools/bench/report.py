@@ -75,7 +75,7 @@ def table(report: dict) -> str:
         "",
         "Wall time of the one-task-per-row row is extrapolated from its sample of "
         f"{preset['per_row_sample']:,} rows.",
-        "Size: a pipeline run's first chunks -> the size it reached; 1st chunk s: from "
+        "Size: a pipeline run's first chunks -> its chunks' median; 1st chunk s: from "
         "the dispatch command's start to its first chunk's start; RSS MB: the dispatch "
         "command's peak; wkr MB: the largest of the queue's processes during the run; window "
         f"{report['machine'].get('window', '-')} chunks in flight; x limit: a pipeline run's "

@@ -18,6 +18,8 @@ class Result:
     window: int | None = None
     chunk_p99_ms: float | None = None
     chunk_max_ms: float | None = None
+    # A pipeline run's chunk_size is its chunks' median; this, the size it ended at.
+    last_chunk_size: int | None = None
     dispatch_seconds: float | None = None
     dispatcher_rss_mb: float | None = None
     # The largest resident memory of any of the queue's processes during a pipeline run.

@@ -287,8 +287,8 @@ def _why(runs: dict, names) -> str:
     return (f"{row['label']}: {row['time_efficiency']:.1%} efficient; per chunk p50 "
             f"statement {statement:.1f} ms{waited}, starting + finishing {fixed:.1f} ms "
             f"({fixed / statement:.1f}x the statement), waiting for a worker "
-            f"{spent['waiting']['p50']:.1f} ms; {row['chunks']:,} chunks, reaching "
-            f"{row['chunk_size']:,} rows")
+            f"{spent['waiting']['p50']:.1f} ms; {row['chunks']:,} chunks of "
+            f"{row['chunk_size']:,} rows (median)")
 
 
 def _rate(report: dict, name: str) -> float:
