@@ -131,11 +131,8 @@ def next_size(run, policy: Policy, *, latest: list[dict] | None = None,
     if not conf.CHUNK_BUDGET_MS:
         return current, run.max_span
     if latest is None:
-        fields = list(PACE_FIELDS)
-        if run.scheme != ITEMS:  # an items message is large and carries no span: left unread
-            fields += ["message__start_id", "message__end_id"]
-        latest = list(_done(Chunk.objects.filter(run=run)).order_by("-committed_at")
-                      .values(*fields)[:LATEST])
+        latest = (with_latest_chunks(Run.objects.filter(pk=run.pk))
+                  .values_list("latest_chunks", flat=True).get())
     if not latest:
         return current, run.max_span
     budget = conf.CHUNK_BUDGET_MS * (SLOW_BUDGET_SHARE if slow else 1)

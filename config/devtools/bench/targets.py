@@ -110,13 +110,13 @@ def judge(report: dict) -> list[Verdict]:
 
 
 def _fixed_cost(pipelines: list[dict]) -> list[Verdict]:
-    """A chunk's fixed cost, the slowest run's, at p50 and p95; where it goes: the
-    worker's own share between two statements, and what is the monitor's."""
+    """A chunk's fixed cost, the slowest run's, at p50 and p95, beside its worker's own
+    time between two statements."""
     timed = [row for row in pipelines if "fixed" in (row.get("per_chunk_ms") or {})]
+    if not timed:
+        return []
     verdicts = []
     for quantile, limit in (("p50", FIXED_P50_MS), ("p95", FIXED_P95_MS)):
-        if not timed:
-            break
         worst = max(timed, key=lambda row: row["per_chunk_ms"]["fixed"][quantile])
         spent = worst["per_chunk_ms"]
         between = spent.get("between", {}).get(quantile)
@@ -124,10 +124,11 @@ def _fixed_cost(pipelines: list[dict]) -> list[Verdict]:
             f"a chunk's fixed cost (starting + finishing) {quantile} <= {limit} ms",
             spent["fixed"][quantile], float(limit), " ms",
             why=f"{worst['label']}: starting {spent['starting'][quantile]:.1f} ms, finishing "
-                f"{spent['finishing'][quantile]:.1f} ms, of which its worker's own time "
+                f"{spent['finishing'][quantile]:.1f} ms; its worker's own time "
                 "from a statement's end to its next statement's start "
                 + (f"{between:.1f} ms" if between is not None else "unknown")
-                + "; the rest is django-q2's monitor acknowledging"))
+                + " (the top-up, the commit, django-q2 handing over the result and the next "
+                  "message, and any wait for one)"))
     return verdicts
 
 
