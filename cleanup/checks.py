@@ -1,4 +1,4 @@
-"""System checks for the cleanup engine's settings and registered policies."""
+"""System checks for the cleanup engine's settings, registered policies and handlers."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from django.utils import timezone
 from cleanup.conf import conf
 from cleanup.exceptions import CleanupError
 from cleanup.observability.views import invalid_metrics_networks, metrics_networks
+from cleanup.outbox import handlers
 from cleanup.policies import RANGE, all_policies
+from cleanup.policies import replaced as replaced_policies
 from cleanup.rules import SETTING_RULES, SIZING_RULES, WINDOW_RULE, number
 
 
@@ -232,6 +234,27 @@ def check_policies(app_configs=None, **kwargs):
                 )
             )
     return errors
+
+
+@checks.register()
+def check_registrations(app_configs=None, **kwargs):
+    """A name registered twice, with two different policies or handlers: the later one
+    is in effect, and which one is later depends on the order apps load."""
+    found = [f"Policy {name!r} is registered twice: {first}, then {second}."
+             for name, first, second in replaced_policies()]
+    found += [f"Event {name!r} has two handlers: {first}, then {second}."
+              for name, first, second in handlers.replaced()]
+    return [
+        checks.Error(
+            message,
+            hint="Register one per name, once (a handler may call others). The one "
+            "registered last is in effect, and which one that is depends on the order "
+            "apps load. To replace one for a block of code (a test), use "
+            "cleanup.policies.registered() or cleanup.outbox.registered().",
+            id="cleanup.E043",
+        )
+        for message in found
+    ]
 
 
 def _moves_out(policy) -> bool:

@@ -219,6 +219,18 @@ class Settings:
         """The longest wait between two attempts of an outbox event."""
         return self._read("EVENT_BACKOFF_MAX_SECONDS", 600)
 
+    @property
+    def EVENT_PAYLOAD_MAX_BYTES(self) -> int:
+        """The largest payload ``emit`` stores, in bytes of its JSON: a payload carries
+        ids, not documents."""
+        return self._read("EVENT_PAYLOAD_MAX_BYTES", 8_192)
+
+    @property
+    def EVENT_PAYLOAD_MAX_DEPTH(self) -> int:
+        """The deepest nesting of lists and objects ``emit`` stores in a payload (``{}``
+        is 1 deep), checked without recursion before the payload is serialised."""
+        return self._read("EVENT_PAYLOAD_MAX_DEPTH", 32)
+
 
 class QueueSettings:
     """The keys of django-q2's ``Q_CLUSTER`` the engine relies on, as ``conf.q_cluster``.

@@ -87,6 +87,30 @@ def cause_of(error: str) -> str:
     return first[:CAUSE_LENGTH]
 
 
+# An operator's reason (a pause's, an event's discard) is shown whole, on one line, by
+# the console, cleanup_status and the alerts.
+MAX_REASON = 500
+
+
+def operator_reason(reason: object, whose: str, *, missing: str) -> str:
+    """The reason, stripped; ``CleanupError`` (``missing`` if it is empty) unless it is
+    one line of at most MAX_REASON printable characters. ``whose``: "a pause's"."""
+    if reason is not None and not isinstance(reason, str):
+        raise CleanupError(f"{whose} reason must be text, not {type(reason).__name__}")
+    reason = (reason or "").strip()
+    if not reason:
+        raise CleanupError(missing)
+    if len(reason) > MAX_REASON:
+        raise CleanupError(f"{whose} reason is at most {MAX_REASON} characters (this one has "
+                           f"{len(reason):,}): the console, the status and the alerts show "
+                           "it whole")
+    # Not printable: a newline, a NUL (PostgreSQL's text refuses it), a lone surrogate.
+    if unprintable := next((c for c in reason if not c.isprintable()), None):
+        raise CleanupError(f"{whose} reason must be one line of printable text; it holds "
+                           f"{unprintable!r}")
+    return reason
+
+
 class LeaseLost(CleanupError):
     """A ``--sync`` run is no longer this process's to apply: its lease lapsed and the
     workers took the run over."""

@@ -131,26 +131,48 @@ runs only.
 
 
 _registry: dict[str, Policy] = {}
+# (the policy replaced, the one that replaced it): system check cleanup.E043 names both,
+# so which one runs never depends on the order apps load unseen.
+_replaced: list[tuple[Policy, Policy]] = []
 
 
 def register(policy: Policy) -> Policy:
-    """Register a policy under its name; registering the same name again replaces it."""
+    """Register a policy under its name. Registering the same policy again is a no-op;
+    another one of that name replaces it, and system check cleanup.E043 names the two
+    (the rule of cleanup.outbox.register). ``registered()`` replaces for a block."""
+    current = _registry.get(policy.name)
+    if current is not None and current != policy:
+        _replaced.append((current, policy))
     _registry[policy.name] = policy
     return policy
+
+
+def replaced() -> list[tuple[str, str, str]]:
+    """Each name given a second, different policy: (name, the first, the second), each
+    named by its eligibility callable and model."""
+    return [(first.name, _described(first), _described(second))
+            for first, second in _replaced]
+
+
+def _described(policy: Policy) -> str:
+    eligible = policy.eligible
+    return (f"{getattr(eligible, '__module__', '?')}."
+            f"{getattr(eligible, '__qualname__', eligible)} on {policy.model_label}")
 
 
 @contextmanager
 def registered(*policies: Policy):
     """Register policies for a block (a test's, say), then put the registry back as it
     was: names they replaced come back, new ones go."""
-    saved = dict(_registry)
+    saved, saved_replaced = dict(_registry), list(_replaced)
     try:
         for policy in policies:
-            register(policy)
+            _registry[policy.name] = policy
         yield policies[0] if len(policies) == 1 else policies
     finally:
         _registry.clear()
         _registry.update(saved)
+        _replaced[:] = saved_replaced
 
 
 def get_policy(name: str) -> Policy:

@@ -27,6 +27,10 @@ MAX_BACKOFF = 60
 MAX_CHUNK_BUDGET_MS = 60_000
 # Attempts of an outbox event: past a thousand a handler is not failing, it is broken.
 MAX_EVENT_ATTEMPTS = 1_000
+# An event's payload: past a megabyte it is a document, not ids. Past a nesting of 100,
+# Python's own JSON encoder nears its recursion limit.
+MAX_EVENT_PAYLOAD_BYTES = 1_048_576
+MAX_EVENT_PAYLOAD_DEPTH = 100
 
 
 def whole(value: Any) -> bool:
@@ -221,6 +225,16 @@ SETTING_RULES = (
              "the longest wait between two attempts of an outbox event"),
         )
     ),
+    Rule("EVENT_PAYLOAD_MAX_BYTES", "cleanup.E041",
+         f"a whole number of bytes from 2 to {MAX_EVENT_PAYLOAD_BYTES}",
+         "Set the largest JSON payload emit() stores; an event carries ids, and its handler "
+         "reads the rest. emit() refuses a larger payload with BadEvent.",
+         lambda value: whole(value) and 2 <= value <= MAX_EVENT_PAYLOAD_BYTES),
+    Rule("EVENT_PAYLOAD_MAX_DEPTH", "cleanup.E042",
+         f"a whole number of levels from 1 to {MAX_EVENT_PAYLOAD_DEPTH}",
+         "Set the deepest nesting of lists and objects emit() stores in a payload ({} is 1 "
+         "deep); emit() refuses a deeper payload with BadEvent.",
+         lambda value: whole(value) and 1 <= value <= MAX_EVENT_PAYLOAD_DEPTH),
 )
 
 # Every setting's one rule: check_window judges WINDOW_RULE, check_settings the others.

@@ -55,6 +55,8 @@ CHECKED_BY = {
     "EVENT_BACKOFF_SECONDS": "cleanup.E033",
     "EVENT_BACKOFF_MAX_SECONDS": "cleanup.E034",
     "EVENT_RETENTION_DAYS": "cleanup.E035",
+    "EVENT_PAYLOAD_MAX_BYTES": "cleanup.E041",
+    "EVENT_PAYLOAD_MAX_DEPTH": "cleanup.E042",
 }
 
 

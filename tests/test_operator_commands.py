@@ -10,7 +10,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django_q.models import OrmQ
 
+from cleanup.engine import operations
 from cleanup.engine.dispatch import dispatch, dispatch_in_process
+from cleanup.exceptions import CleanupError
 from cleanup.models import Chunk, Run
 from tests.engine_app.factories import LeaseFactory
 
@@ -74,6 +76,22 @@ def test_discard_requires_a_reason_and_completes_the_run(dead_letter):
 
     assert result == {"run_id": run_id, "discarded": 1, "skipped": 0}
     assert Run.objects.get(pk=run_id).state == Run.State.COMPLETED
+
+
+@pytest.mark.parametrize(("reason", "refusal"), [
+    ("two\nlines", "one line of printable text"),
+    ("a\x00b", "one line of printable text"),
+    ("x" * 501, "at most 500 characters"),
+])
+def test_a_chunk_discard_reason_follows_the_rule_of_every_operator_reason(
+        dead_letter, reason, refusal):
+    run_id = str(dead_letter.run_id)
+    with pytest.raises(CommandError, match=refusal):
+        call_command("cleanup_discard", run_id, "--chunk", "1", "--reason", reason,
+                     interactive=False)
+    with pytest.raises(CleanupError, match=refusal):
+        operations.discard([dead_letter.pk], reason)
+    assert Chunk.objects.get(pk=dead_letter.pk).state == "dead_lettered"
 
 
 def test_discard_without_confirmation_changes_nothing(dead_letter, monkeypatch):

@@ -6,7 +6,7 @@ from django import forms
 
 from cleanup.cutoffs import parse_cutoff
 from cleanup.engine import operations
-from cleanup.exceptions import BadCutoff, CleanupError
+from cleanup.exceptions import MAX_REASON, BadCutoff, CleanupError
 from cleanup.policies import SCHEMES, all_policies
 
 
@@ -48,7 +48,7 @@ class NewCutoffForm(forms.Form):
 
 
 class PauseForm(forms.Form):
-    reason = forms.CharField(max_length=operations.MAX_PAUSE_REASON,
+    reason = forms.CharField(max_length=MAX_REASON,
                              widget=forms.TextInput(attrs={"size": 60}),
                              help_text="Why: the overview, the status and the alerts show it.")
 
@@ -60,11 +60,13 @@ class PauseForm(forms.Form):
 
 
 class DiscardForm(forms.Form):
-    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+    # One line, as a pause's reason: the console and the commands show it whole.
+    reason = forms.CharField(max_length=MAX_REASON,
+                             widget=forms.TextInput(attrs={"size": 60}),
                              help_text="Kept on each chunk.")
 
     def clean_reason(self):
-        reason = self.cleaned_data["reason"].strip()
-        if not reason:
-            raise forms.ValidationError("A reason is required.")
-        return reason
+        try:
+            return operations.discard_reason(self.cleaned_data["reason"])
+        except CleanupError as exc:
+            raise forms.ValidationError(str(exc)) from None

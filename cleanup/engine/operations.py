@@ -15,7 +15,13 @@ from django.db import transaction
 
 from cleanup.display import SHORT_ID_LENGTH, id_range, parse_id
 from cleanup.engine import halts, outcomes, transport, window
-from cleanup.exceptions import CleanupError, UnknownChunk, UnknownPolicy, UnknownRun
+from cleanup.exceptions import (
+    CleanupError,
+    UnknownChunk,
+    UnknownPolicy,
+    UnknownRun,
+    operator_reason,
+)
 from cleanup.models import Chunk, Halt, Run
 from cleanup.policies import get_policy
 
@@ -116,7 +122,7 @@ def requeue(pks: Iterable[int], *, resend: bool = True, actor: str = "") -> Acti
 
 def discard(pks: Iterable[int], reason: str, *, actor: str = "") -> ActionResult:
     """Give up on dead-lettered chunks for a stated reason; their runs may complete."""
-    reason = required_reason(reason)
+    reason = discard_reason(reason)
     pks = list(pks)
     with transaction.atomic():
         chunks = outcomes.discarded(pks, reason)
@@ -124,11 +130,11 @@ def discard(pks: Iterable[int], reason: str, *, actor: str = "") -> ActionResult
     return ActionResult(len(chunks), len(pks) - len(chunks), tuple(c.pk for c in chunks))
 
 
-def required_reason(reason: str | None) -> str:
-    reason = (reason or "").strip()
-    if not reason:
-        raise CleanupError("a reason is required to discard a chunk")
-    return reason
+def discard_reason(reason: str | None) -> str:
+    """The reason, stripped, by every operator's reason's rule (one line, at most
+    MAX_REASON printable characters); ``CleanupError`` if it breaks it."""
+    return operator_reason(reason, "a discard's",
+                           missing="a reason is required to discard a chunk")
 
 
 def cancel(run_ids: Iterable, *, actor: str = "") -> ActionResult:
@@ -150,25 +156,11 @@ def _log(event: str, chunks: list[Chunk], actor: str, **extra) -> None:
                  actor=actor, **extra)
 
 
-# A pause's reason is shown whole by the console, cleanup_status and the alerts.
-MAX_PAUSE_REASON = 500
-
-
 def pause_reason(reason: str | None) -> str:
     """The reason, stripped; ``CleanupError`` if it is empty, too long or not one line
     of printable text (the console's form and the command both come through here)."""
-    reason = (reason or "").strip()
-    if not reason:
-        raise CleanupError("a pause needs a reason (--reason): it is what the console, "
-                           "the status and the alerts show")
-    if len(reason) > MAX_PAUSE_REASON:
-        raise CleanupError(f"a pause's reason is at most {MAX_PAUSE_REASON} characters (this "
-                           f"one has {len(reason):,}): the console, the status and the "
-                           "alerts show it whole")
-    if unprintable := next((c for c in reason if not c.isprintable()), None):
-        raise CleanupError(f"a pause's reason must be one line of printable text; it holds "
-                           f"{unprintable!r}")
-    return reason
+    return operator_reason(reason, "a pause's", missing="a pause needs a reason (--reason): "
+                           "it is what the console, the status and the alerts show")
 
 
 def pause_policy(policy_name: str, reason: str, *, actor: str = "") -> halts.HaltChange:

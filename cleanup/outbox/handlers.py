@@ -7,15 +7,14 @@ from contextlib import contextmanager
 
 from cleanup.exceptions import CleanupError
 from cleanup.models import Event
+from cleanup.outbox.emitting import event_name
 
 Handler = Callable[[Event], None]
 
 _handlers: dict[str, Handler] = {}
-
-
-class HandlerConflict(CleanupError):
-    """A second, different handler for a name: which one runs must never depend on the
-    order apps load."""
+# (name, the handler replaced, the one that replaced it): system check cleanup.E043
+# names both, so which one runs never depends on the order apps load unseen.
+_replaced: list[tuple[str, Handler, Handler]] = []
 
 
 def register(name: str, handler: Handler | None = None):
@@ -23,17 +22,25 @@ def register(name: str, handler: Handler | None = None):
 
     The publisher calls ``handler(event)`` inside its transaction, which also marks the
     event delivered: write through the default connection and the two commit together.
-    Registering the same function again is a no-op.
+    Registering the same function again is a no-op; another one replaces it, as a policy
+    registered again does, and system check cleanup.E043 names the two.
     """
     if handler is None:
         return lambda function: register(name, function)
-    if not isinstance(name, str) or not name.strip():
-        raise CleanupError(f"an event name must be a non-empty string, not {name!r}")
+    event_name(name)
+    if not callable(handler):
+        raise CleanupError(f"the handler of event {name!r} must be callable, not "
+                           f"{handler!r:.60}")
     current = _handlers.get(name)
     if current is not None and current is not handler:
-        raise HandlerConflict(f"event {name!r} already has a handler: {_named(current)}")
+        _replaced.append((name, current, handler))
     _handlers[name] = handler
     return handler
+
+
+def replaced() -> list[tuple[str, str, str]]:
+    """Each name given a second, different handler: (name, the first, the second)."""
+    return [(name, named(first), named(second)) for name, first, second in _replaced]
 
 
 def handler_for(name: str) -> Handler | None:
@@ -50,7 +57,7 @@ def registered(**handlers: Handler) -> Iterator[None]:
 
     Names that are not identifiers go through a dict: ``registered(**{"seat.freed": f})``.
     """
-    saved = dict(_handlers)
+    saved, saved_replaced = dict(_handlers), list(_replaced)
     try:
         for name, handler in handlers.items():
             _handlers[name] = handler
@@ -58,7 +65,9 @@ def registered(**handlers: Handler) -> Iterator[None]:
     finally:
         _handlers.clear()
         _handlers.update(saved)
+        _replaced[:] = saved_replaced
 
 
-def _named(handler: Handler) -> str:
+def named(handler: Handler) -> str:
+    """A handler's dotted name: ``reservations.waitlist.offer_freed_seat``."""
     return f"{getattr(handler, '__module__', '?')}.{getattr(handler, '__qualname__', handler)}"

@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.db.models.functions import Now
 
-from cleanup.exceptions import CleanupError
+from cleanup.exceptions import CleanupError, operator_reason
 from cleanup.models import Event
 from cleanup.outbox import totals
+
+# The range of the event's bigserial id.
+EVENT_IDS = range(1, 2**63)
 
 
 @dataclass(frozen=True)
@@ -31,14 +34,19 @@ def requeue(ids: Iterable[int]) -> EventAction:
 
 
 def discard(ids: Iterable[int], reason: str) -> EventAction:
-    """Dead → discarded: given up on for good, with the operator's reason."""
-    reason = (reason or "").strip()
-    if not reason:
-        raise CleanupError("a reason is required to discard an event")
+    """Dead → discarded: given up on for good, with the operator's reason (one line of
+    printable text, as a pause's)."""
+    reason = operator_reason(reason, "an event's discard",
+                             missing="a reason is required to discard an event")
     return _move(ids, state=Event.State.DISCARDED, reason=reason, settled_at=Now())
 
 
 def _move(ids: Iterable[int], **changes) -> EventAction:
+    ids = list(ids)
+    if wrong := [pk for pk in ids if not _event_id(pk)]:
+        # Before any SQL: a value out of the column's range aborts the caller's transaction.
+        raise CleanupError(f"an event id is a whole number from 1 to {EVENT_IDS.stop - 1}, "
+                           f"not {wrong[0]!r:.60}")
     ids = sorted(set(ids))
     with transaction.atomic():
         # Locked in id order, so two operators' actions never deadlock.
@@ -48,3 +56,7 @@ def _move(ids: Iterable[int], **changes) -> EventAction:
         if changes["state"] == Event.State.DISCARDED:
             totals.count_settled(dead, Event.State.DISCARDED)
     return EventAction(len(dead), len(ids) - len(dead), tuple(dead))
+
+
+def _event_id(pk: object) -> bool:
+    return isinstance(pk, int) and not isinstance(pk, bool) and pk in EVENT_IDS

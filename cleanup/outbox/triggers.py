@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import re
 
+from cleanup.outbox.emitting import event_name
+
 # The settings a chunk's transaction sets (cleanup.engine.worker.bound_transaction).
 SOURCE = "cleanup.source"
 RUN_ID = "cleanup.run_id"
@@ -63,7 +65,8 @@ def _events(table: str, event: str, operation: str, *, key: str, payload: str,
     if not _NAME.match(table) or not _NAME.match(name):
         raise ValueError(f"table and trigger names are lower-case identifiers: {table!r}, "
                          f"{name!r}")
-    event_text = event.replace("'", "''")
+    # emit's rule for a name, checked before the migration runs any SQL (BadEvent).
+    event_text = event_name(event).replace("'", "''")
     install = f"""
 CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

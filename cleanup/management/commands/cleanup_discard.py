@@ -19,7 +19,7 @@ class Command(CleanupCommand):
     def run(self, *, run_id, chunks, reason, **options) -> dict:
         run = get_run(run_id)
         pks = operations.chunk_pks(run, chunks)
-        reason = operations.required_reason(reason)
+        reason = operations.discard_reason(reason)
         self.confirm(f"Discard {count(len(pks), 'chunk')} of run {run.id}?", options)
         result = operations.discard(pks, reason, actor="command")
         return {"run_id": str(run.id), "discarded": result.done, "skipped": result.skipped}
