@@ -10,6 +10,17 @@ Each call is recorded, and committed, before the handler runs: a handler that ki
 process (or its connection) leaves that record behind, so the next publisher to take
 the event counts the call as a failed attempt, and such a handler is dead-lettered like
 one that raises instead of being called forever.
+
+A handler whose transaction ends under it (the server ends the session it held idle past
+its bound, the connection drops, the handler sends COMMIT or ROLLBACK itself) cannot
+have its failure recorded in that transaction: the publisher records it in a new one,
+its cause named, and goes on with the batch. The event is never marked delivered outside
+its handler's transaction: after a handler's own COMMIT it is taken again, and only its
+dedup key keeps what the handler committed from being done twice.
+
+A handler that returns with its transaction marked for rollback (``set_rollback(True)``,
+or a database error it swallowed inside ``atomic(savepoint=False)``) kept none of its
+writes: its attempt is failed like one that raised, never delivered.
 """
 
 from __future__ import annotations
@@ -78,7 +89,7 @@ FOR UPDATE SKIP LOCKED
 @dataclass
 class PublishResult:
     delivered: int = 0
-    failed: int = 0  # the handler raised; taken again after its back-off
+    failed: int = 0  # the handler's attempt failed; taken again after its back-off
     dead: int = 0  # dead-lettered now: attempts used up, or no handler for its name
     skipped_busy: int = 0  # held by another publisher (or taken by it meanwhile)
 
@@ -174,6 +185,42 @@ FOR UPDATE
 NEVER_RETURNED = ("its handler's call begun at {started:%Y-%m-%d %H:%M:%S} UTC never "
                   "returned: its publisher died or lost its connection")
 
+# The causes of an attempt whose handler's transaction ended under it, or whose
+# statement was cancelled at the bound LOCK_FOR_CALL sets.
+IDLE_PAST_BOUND = ("the handler held its transaction idle past {ms} ms "
+                   "(CLEANUP_IDLE_IN_TRANSACTION_TIMEOUT_MS): the server ended its session, "
+                   "and its writes with it")
+CONNECTION_LOST = "the handler's connection was lost, and its writes with it: {error}"
+ENDED_BY_HANDLER = ("the handler ended its transaction itself (a COMMIT or ROLLBACK of its "
+                    "own), so the event could not be marked delivered with its writes: what "
+                    "it wrote before that may have committed, and only its dedup key keeps "
+                    "the next attempt from doing it twice")
+STATEMENT_PAST_BOUND = ("a statement of the handler ran past {ms} ms "
+                        "(CLEANUP_STATEMENT_TIMEOUT_MS), waiting for a lock or working, and "
+                        "was cancelled")
+IDLE_SESSION_TIMEOUT, QUERY_CANCELED = "25P03", "57014"
+
+# The cause of an attempt whose handler returned normally with its transaction marked
+# for rollback: its savepoint would roll its writes back without an error.
+MARKED_FOR_ROLLBACK = ("the handler marked its transaction for rollback "
+                       "(transaction.set_rollback or a swallowed database error): nothing "
+                       "it wrote was kept")
+
+
+class MarkedForRollback(Exception):
+    """The handler returned with its transaction marked for rollback: a failed attempt."""
+
+    def __init__(self) -> None:
+        super().__init__(MARKED_FOR_ROLLBACK)
+
+
+class LostTransaction(Exception):
+    """The handler's transaction ended under it: its failure is recorded in a new one."""
+
+    def __init__(self, cause: str, error: str) -> None:
+        super().__init__(cause)
+        self.cause, self.error = cause, error
+
 
 def _publish_one(candidates: list[int], horizon: datetime,
                  now: datetime | None) -> tuple[int, str] | None:
@@ -183,16 +230,22 @@ def _publish_one(candidates: list[int], horizon: datetime,
         return None
     if event.state == DEAD:
         return event.pk, DEAD
-    with transaction.atomic():
-        # Still this call's: its record kept other publishers off the event since, and
-        # the row lock does while the handler runs.
-        event = next(iter(Event.objects.raw(LOCK_FOR_CALL, {
-            "id": event.pk, "started": event.call_started_at,
-            "statement": f"{conf.STATEMENT_TIMEOUT_MS}ms",
-            "idle": f"{conf.IDLE_IN_TRANSACTION_TIMEOUT_MS}ms"})), None)
-        if event is None:
-            return None
-        return event.pk, _handle(event, now)
+    try:
+        with transaction.atomic():
+            # Still this call's: its record kept other publishers off the event since,
+            # and the row lock does while the handler runs.
+            locked = next(iter(Event.objects.raw(LOCK_FOR_CALL, {
+                "id": event.pk, "started": event.call_started_at,
+                "statement": f"{conf.STATEMENT_TIMEOUT_MS}ms",
+                "idle": f"{conf.IDLE_IN_TRANSACTION_TIMEOUT_MS}ms"})), None)
+            if locked is None:
+                return None
+            return event.pk, _handle(locked, now)
+    except LostTransaction as lost:
+        # Django drops a connection whose rollback failed; one broken otherwise is
+        # dropped here, so the attempt is recorded on a fresh one.
+        transaction.get_connection().close_if_unusable_or_obsolete()
+        return event.pk, _record_lost_call(event, lost, now)
 
 
 def _begin_call(candidates: list[int], horizon: datetime,
@@ -232,12 +285,65 @@ def _handle(event: Event, now: datetime | None) -> str:
     try:
         with transaction.atomic():
             handler(event)
+            if transaction.get_rollback():
+                # Left so, the savepoint would roll its writes back on exit, silently,
+                # and the event be marked delivered without them.
+                raise MarkedForRollback
     except Exception as exc:  # noqa: BLE001 - any error of a host's handler is its failure
         error = traceback_of(exc)
-        return _record_failure(event, cause_of(error), error, now)
+        if transaction.get_connection().needs_rollback:
+            # Its savepoint could not be rolled back: the transaction it was in is over.
+            raise LostTransaction(_lost_cause(exc, error), error) from exc
+        return _record_failure(event, _failure_cause(exc, error), error, now)
     if not totals.deliver(event.pk):  # not under the row lock; never commit effects alone
         raise CleanupError(f"event {event.pk} was no longer pending when delivered")
     return DELIVERED
+
+
+def _sqlstates(exc: BaseException) -> set[str]:
+    """The SQLSTATEs of the database errors behind ``exc``, however it was wrapped."""
+    found, seen = set(), set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        found.add(getattr(current, "sqlstate", None) or "")
+        current = current.__cause__ or current.__context__
+    return found - {""}
+
+
+def _failure_cause(exc: BaseException, error: str) -> str:
+    """The line an operator reads for a handler that raised, its transaction intact."""
+    if isinstance(exc, MarkedForRollback):
+        return MARKED_FOR_ROLLBACK
+    if QUERY_CANCELED in _sqlstates(exc) and "statement timeout" in error:
+        return STATEMENT_PAST_BOUND.format(ms=conf.STATEMENT_TIMEOUT_MS)
+    return cause_of(error)
+
+
+def _lost_cause(exc: BaseException, error: str) -> str:
+    """Why the handler's transaction ended: its session gone, or ended by the handler."""
+    session = transaction.get_connection().connection
+    if session is not None and not session.closed:
+        return ENDED_BY_HANDLER
+    # The server says why it ended a session, and PgBouncer passes that on.
+    if IDLE_SESSION_TIMEOUT in _sqlstates(exc):
+        return IDLE_PAST_BOUND.format(ms=conf.IDLE_IN_TRANSACTION_TIMEOUT_MS)
+    return CONNECTION_LOST.format(error=cause_of(error))
+
+
+def _record_lost_call(event: Event, lost: LostTransaction, now: datetime | None) -> str:
+    """Count the call whose transaction was lost as a failed attempt, with its cause.
+
+    Nothing here waits (SKIP LOCKED): an event settled or held meanwhile is left as it
+    is, and a call record left behind is counted by the next publisher to take it."""
+    logger.warning("event %s %s %s: %s", event.pk, event.name, event.key, lost.cause)
+    with transaction.atomic():
+        current = (Event.objects.select_for_update(skip_locked=True)
+                   .filter(pk=event.pk, state=PENDING, call_started_at=event.call_started_at)
+                   .first())
+        if current is None:
+            return FAILED
+        return _record_failure(current, lost.cause, lost.error, now)
 
 
 def _record_failure(event: Event, cause: str, error: str, now: datetime | None, *,

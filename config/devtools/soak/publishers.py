@@ -251,8 +251,11 @@ def figures(since: datetime, publishers: Publishers, drained: Counter,
     return {
         "runs": {"enqueued": publishers.enqueued,
                  "succeeded": runs.filter(success=True).count(),
-                 # Failed (a terminated connection), then taken again after the
-                 # retry; a run whose worker was killed is taken again unrecorded.
+                 # Raised out of publish() (a database error outside any handler, or
+                 # the record of a lost call failing too), then taken again after the
+                 # retry: a connection terminated in a handler is that event's failed
+                 # attempt (in_clusters) in a run that succeeds. A run whose worker
+                 # was killed is taken again unrecorded.
                  "failed_then_ran_again": runs.filter(attempt_count__gt=1).count(),
                  "failed": runs.filter(success=False).count()},
         "samples": dict(publishers.samples),
