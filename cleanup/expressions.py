@@ -141,7 +141,8 @@ class MessageField(JSONField):
 
 class Appended(Func):
     """A jsonb array with one element more at its end; once it holds ``keep``
-    elements, its first is dropped, so the array stays bounded."""
+    elements, its first is dropped, so the array stays bounded. A value that is no
+    array (an operator's edit: an object, a scalar, null) counts as an empty one."""
 
     output_field = JSONField()
 
@@ -152,14 +153,19 @@ class Appended(Func):
     def as_sql(self, compiler, connection, **extra_context):
         array, array_params = compiler.compile(self.source_expressions[0])
         element, element_params = compiler.compile(self.source_expressions[1])
-        sql = (f"(CASE WHEN jsonb_array_length({array}) >= {self.keep} THEN {array} - 0 "
-               f"ELSE {array} END) || jsonb_build_array(({element})::jsonb)")
-        return sql, (*array_params, *array_params, *array_params, *element_params)
+        # The length is asked of an array only: PostgreSQL refuses it of anything else.
+        sql = (f"(CASE jsonb_typeof({array}) WHEN 'array' THEN "
+               f"CASE WHEN jsonb_array_length({array}) >= {self.keep} THEN {array} - 0 "
+               f"ELSE {array} END ELSE '[]'::jsonb END) "
+               f"|| jsonb_build_array(({element})::jsonb)")
+        return sql, (*(array_params * 4), *element_params)
 
 
 class MergedWhere(Func):
     """A jsonb array of objects whose elements with ``key`` equal to ``value`` have
-    ``patch`` merged into them; the others, and their order, are kept."""
+    ``patch`` merged into them; the others, and their order, are kept (an element that
+    is no object has no key: it is kept as it is). A value that is no array counts as
+    an empty one."""
 
     output_field = JSONField()
 
@@ -174,6 +180,7 @@ class MergedWhere(Func):
         key = self.key.replace("'", "''")
         sql = (f"(SELECT coalesce(jsonb_agg(CASE WHEN element ->> '{key}' = {value} "
                f"THEN element || ({patch})::jsonb ELSE element END ORDER BY position), "
-               f"'[]'::jsonb) FROM jsonb_array_elements({array}) "
+               f"'[]'::jsonb) FROM jsonb_array_elements(CASE jsonb_typeof({array}) "
+               f"WHEN 'array' THEN {array} ELSE '[]'::jsonb END) "
                f"WITH ORDINALITY AS elements(element, position))")
-        return sql, (*value_params, *patch_params, *array_params)
+        return sql, (*value_params, *patch_params, *array_params, *array_params)

@@ -166,4 +166,4 @@ def test_a_day_of_work_sends_nothing_that_outlives_its_transaction(
     assert offending == []
     assert advisory_locks_of_this_session() == []
     assert session_settings() == before
-    assert leases.live(["recheck:expire-leases"]) == set()  # given up at its end
+    assert leases.live(["recheck:expire-leases"], 3600) == set()  # given up at its end

@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from cleanup import faults
+from cleanup.conf import conf
 from cleanup.engine import leases, sync_lease, transitions
 from cleanup.engine.dispatch import dispatch
 from cleanup.engine.reconcile import reconcile
@@ -52,14 +53,14 @@ def test_a_lease_lapses_on_the_database_clock_without_its_owner():
     assert not leases.take("run:a", "owner-2", 60)  # live: another owner is refused
     assert leases.take("run:a", "owner-1", 0.2)  # its owner may take it again
     time.sleep(0.3)
-    assert leases.live(["run:a"]) == set()
+    assert leases.live(["run:a"], 0.2) == set()
     assert leases.take("run:a", "owner-2", 60)  # lapsed: anyone may take it
     assert not leases.renew("run:a", "owner-1", 60)  # and the old owner cannot renew it
 
 
 def test_a_taker_cannot_end_a_live_lease(expired_leases):
     run = dispatch("expire-leases").run
-    assert leases.take(sync_lease.name(run.pk), "another-host:1:live", 60)
+    assert leases.take(sync_lease.name(run.pk), "another-host:1:live", conf.SYNC_LEASE_SECONDS)
     with transaction.atomic():
         assert not sync_lease.lapsed_in_transaction(run.pk)
     assert sync_lease.alive([run.pk]) == {run.pk}

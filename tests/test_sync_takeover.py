@@ -15,6 +15,7 @@ from django.utils import timezone
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
+from cleanup.conf import conf
 from cleanup.engine import dispatch as dispatch_module
 from cleanup.engine import leases, sync_lease
 from cleanup.engine.dispatch import dispatch, dispatch_in_process
@@ -88,7 +89,8 @@ def test_a_slot_takes_over_a_sync_run_whose_process_died_before_joining_it(backl
 def test_a_live_sync_process_keeps_its_run_until_its_lease_lapses(backlog, killed_sync):
     run = killed_sync(1)
     # Another process holds the run's lease, unexpired.
-    assert leases.take(sync_lease.name(run.pk), "another-host:4242:live", 3600)
+    assert leases.take(sync_lease.name(run.pk), "another-host:4242:live",
+                       conf.SYNC_LEASE_SECONDS)
     Chunk.objects.filter(run=run).update(planned_at=LONG_AGO)  # silent for a whole lease
     joined = dispatch_slot("expire-leases", timezone.now().replace(second=0, microsecond=0))
     assert joined.pk == run.pk

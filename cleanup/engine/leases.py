@@ -9,6 +9,12 @@ up late finds the row gone or someone else's and stops.
 
 Every statement here is one round trip and reads ``clock_timestamp()``, so hosts
 whose clocks differ agree on who holds what.
+
+A renewal sets a lease's expiry its length ahead of the database's clock, so a live
+lease's expiry is never further off than that from now: one further off (an operator's
+edit: ``infinity``, a year ahead) is no renewal's, and the lease reads as lapsed. The
+row keeps no time of its last renewal, so whoever reads an expiry passes the lease's
+length (its setting) to bound it by.
 """
 
 from __future__ import annotations
@@ -24,6 +30,11 @@ from cleanup.conf import conf
 from cleanup.models import Lease
 
 _TABLE = Lease._meta.db_table
+
+# Whether a lease's row (named ``lease``) is held: unexpired, and no further off than
+# the lease's length (the statement's parameter) from now.
+_HELD = ("lease.expires_at BETWEEN clock_timestamp() "
+         "AND clock_timestamp() + make_interval(secs => %s)")
 
 # The owner token of this process: hosts and pids repeat, the random part does not.
 # Kept per pid, so a forked child never passes for its parent.
@@ -50,9 +61,9 @@ def take(name: str, owner: str, seconds: float) -> bool:
             "ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, "
             "taken_at = CASE WHEN lease.owner = EXCLUDED.owner THEN lease.taken_at "
             "ELSE EXCLUDED.taken_at END, expires_at = EXCLUDED.expires_at "
-            "WHERE lease.owner = EXCLUDED.owner OR lease.expires_at < clock_timestamp() "
+            f"WHERE lease.owner = EXCLUDED.owner OR NOT ({_HELD}) "
             "RETURNING 1",
-            [name, owner, seconds],
+            [name, owner, seconds, seconds],
         )
         return cursor.fetchone() is not None
 
@@ -79,32 +90,30 @@ def release(name: str, owner: str) -> None:
         cursor.execute(f'DELETE FROM "{_TABLE}" WHERE name = %s AND owner = %s', [name, owner])
 
 
-def live(names: Iterable[str]) -> set[str]:
-    """The leases among ``names`` that someone holds unexpired."""
+def live(names: Iterable[str], seconds: float) -> set[str]:
+    """The leases among ``names`` (each of ``seconds``) that someone holds unexpired."""
     names = list(names)
     if not names:
         return set()
     with connection.cursor() as cursor:
         cursor.execute(
-            f'SELECT name FROM "{_TABLE}" WHERE name = ANY(%s) '
-            "AND expires_at >= clock_timestamp()",
-            [names],
+            f'SELECT name FROM "{_TABLE}" AS lease WHERE name = ANY(%s) AND {_HELD}',
+            [names, seconds],
         )
         return {name for (name,) in cursor.fetchall()}
 
 
-def end_lapsed(name: str) -> bool:
-    """End the lease if it lapsed (or nobody holds it), in the caller's transaction;
-    True if the work is free to take over.
+def end_lapsed(name: str, seconds: float) -> bool:
+    """End the lease (of ``seconds``) if it lapsed (or nobody holds it), in the
+    caller's transaction; True if the work is free to take over.
 
     The row is locked first, so an owner renewing at that moment either renewed before
     (and the lease is live: False) or finds the row gone once this transaction commits.
     """
     with connection.cursor() as cursor:
         cursor.execute(
-            f'SELECT expires_at >= clock_timestamp() FROM "{_TABLE}" WHERE name = %s '
-            "FOR UPDATE",
-            [name],
+            f'SELECT {_HELD} FROM "{_TABLE}" AS lease WHERE name = %s FOR UPDATE',
+            [seconds, name],
         )
         row = cursor.fetchone()
         if row is not None and row[0]:

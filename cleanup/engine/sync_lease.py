@@ -1,12 +1,13 @@
 """The lease of a run applied by its dispatching process (``--sync``).
 
 While the lease is live the workers leave the run to its process; once it lapses (the
-process died, froze or lost the database) whoever notices first hands the run to the
-queue (``cleanup.engine.window.take_over_abandoned``). The process renews it in every
-chunk's transaction, so a chunk is applied only while the run is still its own, and a
-takeover waits for a chunk in progress to commit: no chunk is applied or counted by
-both. The lease is taken before the run's row commits, so no session ever sees an
-in-process run that nobody holds while its process lives.
+process died, froze or lost the database; an expiry further off than
+``CLEANUP_SYNC_LEASE_SECONDS`` from now, set by hand, counts as lapsed) whoever notices
+first hands the run to the queue (``cleanup.engine.window.take_over_abandoned``). The
+process renews it in every chunk's transaction, so a chunk is applied only while the run
+is still its own, and a takeover waits for a chunk in progress to commit: no chunk is
+applied or counted by both. The lease is taken before the run's row commits, so no
+session ever sees an in-process run that nobody holds while its process lives.
 """
 
 from __future__ import annotations
@@ -61,11 +62,11 @@ def holding(run_id) -> Iterator[None]:
 def alive(run_ids: Iterable) -> set:
     """The runs among ``run_ids`` whose lease a process holds unexpired."""
     by_name = {name(run_id): run_id for run_id in run_ids}
-    return {by_name[held] for held in leases.live(by_name)}
+    return {by_name[held] for held in leases.live(by_name, conf.SYNC_LEASE_SECONDS)}
 
 
 def lapsed_in_transaction(run_id) -> bool:
     """Whether the run's lease lapsed, ended in the caller's transaction: its owner,
     renewing meanwhile, finds it gone once this commits (and a renewal that came first
     keeps it: False)."""
-    return leases.end_lapsed(name(run_id))
+    return leases.end_lapsed(name(run_id), conf.SYNC_LEASE_SECONDS)

@@ -306,7 +306,7 @@ def recheck(policy_name: str) -> int:
     top its window up once the halt clears; return the chunks then planned. A task at
     a time per policy (under a lease); one still halted after ``RECHECK_FOR_SECONDS``
     sends its successor."""
-    interval = max(float(conf.PRESSURE_CHECK_SECONDS), MIN_RECHECK_SECONDS)
+    interval = _recheck_interval()
     lease, owner = _recheck_lease(policy_name), f"{leases.this_process()}:{uuid.uuid4().hex[:8]}"
     if not leases.take(lease, owner, interval + RECHECK_LEASE_MARGIN_SECONDS):
         return 0  # another worker is at it
@@ -334,12 +334,17 @@ def recheck(policy_name: str) -> int:
 def recheck_later(policy_name: str) -> None:
     """Have a worker read the halted policy's pressure again until it clears (and plan
     then), unless one is at it already; sent with this transaction (ORM broker) or after."""
-    if leases.live([_recheck_lease(policy_name)]):
+    if leases.live([_recheck_lease(policy_name)],
+                   _recheck_interval() + RECHECK_LEASE_MARGIN_SECONDS):
         return
     if transport.queue_shares_transaction():
         async_task(RECHECK_TASK, policy_name)
     else:
         transaction.on_commit(lambda: async_task(RECHECK_TASK, policy_name))
+
+
+def _recheck_interval() -> float:
+    return max(float(conf.PRESSURE_CHECK_SECONDS), MIN_RECHECK_SECONDS)
 
 
 def _recheck_lease(policy_name: str) -> str:
