@@ -54,6 +54,7 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     "Budget": ("cleanup.observability.backlog", "Budget"),
     "read_backlog": ("cleanup.observability.backlog", "read_backlog"),
     "BACKLOG_COUNT_CAP": ("cleanup.observability.backlog", "COUNT_CAP"),
+    "ConsoleAdmin": ("cleanup.console.base", "ConsoleAdmin"),
     "display": ("cleanup.display", None),
 }
 

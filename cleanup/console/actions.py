@@ -4,21 +4,24 @@ operator acted from, with what they did and what they left alone."""
 
 from __future__ import annotations
 
-from django.contrib import admin, messages
+from django.contrib import messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Max
+from django.db.models import Count, IntegerField, Max, TextField
+from django.db.models.functions import Cast
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import ngettext
+
+from cleanup.console.parameters import CheckedRequestsAdmin
 
 
 def actor(request) -> str:
     return f"admin:{request.user.get_username()}"
 
 
-class ConfirmedActionsAdmin(admin.ModelAdmin):
+class ConfirmedActionsAdmin(CheckedRequestsAdmin):
     """Actions over a ledger list, each checked, confirmed and reported the same way."""
 
     def changelist_view(self, request, extra_context=None):
@@ -84,7 +87,10 @@ class ConfirmedActionsAdmin(admin.ModelAdmin):
     def _fingerprint(queryset) -> str:
         """How many rows, and the highest pk: enough to tell a list that gained or lost
         rows since it was shown."""
-        figures = queryset.order_by().aggregate(rows=Count("pk"), last=Max("pk"))
+        # PostgreSQL has no max(uuid): a run's id is compared as its text, in the same order.
+        last = (Max("pk") if isinstance(queryset.model._meta.pk, IntegerField)
+                else Max(Cast("pk", TextField())))
+        figures = queryset.order_by().aggregate(rows=Count("pk"), last=last)
         return f"{figures['rows']}:{figures['last']}"
 
     def _next_url(self, request) -> str | None:

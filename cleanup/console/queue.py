@@ -13,8 +13,10 @@ from django.contrib import admin
 from django_q import admin as django_q_admin
 from django_q.models import Failure, OrmQ, Success
 
+from cleanup.console.parameters import CheckedRequestsAdmin
 
-class ReadOnlyTaskAdmin(admin.ModelAdmin):
+
+class ReadOnlyTaskAdmin(CheckedRequestsAdmin):
     """A django-q2 task page that shows, and never resubmits, changes or deletes."""
 
     class Media:
