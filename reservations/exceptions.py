@@ -51,6 +51,16 @@ class HoldNotRenewable(ReservationError):
         super().__init__(f"seat hold {hold_id} is {status} and can no longer change")
 
 
+class Busy(ReservationError):
+    """A learner's action deadlocked twice with other transactions on the same section:
+    it changed nothing, and trying it again in a moment will do."""
+
+    def __init__(self, action: str):
+        self.action = action
+        super().__init__(f"{action} could not finish: other changes to the same section "
+                         "got in its way twice. Nothing changed; try again in a moment")
+
+
 class SendingStopped(ReservationError):
     """The mail server refused the sender itself (unreachable, or refusing its From):
     every reminder would fail alike, so the run stops and charges none of them."""

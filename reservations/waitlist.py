@@ -25,7 +25,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.mail import EmailMessage
 from django.core.validators import validate_email
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
@@ -38,7 +38,13 @@ from reservations.exceptions import (
     WaitlistEntryNotFound,
 )
 from reservations.models import FreedSeat, OfferMail, SeatHold, Section, WaitlistEntry
-from reservations.services import create_hold, seats_taken
+from reservations.services import (
+    create_hold,
+    learner_transaction,
+    locked_section_of,
+    locked_sections,
+    seats_taken,
+)
 
 log = structlog.get_logger("reservations.waitlist")
 
@@ -50,44 +56,44 @@ SEAT_FREED = "reservations.seat_freed"
 IN_LINE = (WaitlistEntry.State.WAITING, WaitlistEntry.State.OFFERED)
 
 
+@learner_transaction
 def join_waitlist(section_id: int, learner_ref: str, *,
                   now: datetime | None = None) -> WaitlistEntry:
     """Put a learner at the back of a full section's waitlist; their entry if they are
     in line already. Refused when a seat is free for them (SeatAvailable: hold it
     instead) or when they hold a seat in the section already (AlreadySeated)."""
-    now = now or timezone.now()
     address = learner_address(learner_ref)
     try:
         validate_email(address)
     except ValidationError:
         raise NotAMailAddress(learner_ref, address) from None
-    with transaction.atomic():
-        # The section's held seats, key-share locked (renewals go on): a chunk deleting
-        # one of them now has either committed (the seat reads as free below: refused),
-        # or waits until this entry commits, so its trigger sees it (or skips the seat
-        # for its next run). Before the section's lock, in the order release_hold and
-        # confirm_hold take theirs: hold, then section.
-        _lock_held_seats(section_id)
-        # The section's lock: hold_seat and release_hold take it too, so a seat is
-        # either free when this looks (refused) or its release sees this entry.
-        section = Section.objects.select_for_update().get(pk=section_id)
-        entry = WaitlistEntry.objects.filter(section=section, learner_ref=learner_ref,
-                                             state__in=IN_LINE).first()
-        if entry is not None:
-            return entry
-        taken = SeatHold.objects.filter(section=section, learner_ref=learner_ref).filter(
-            Q(status=SeatHold.Status.CONFIRMED)
-            | Q(status=SeatHold.Status.HELD, expires_at__gt=now))
-        if taken.exists():
-            raise AlreadySeated(section.pk, learner_ref)
-        waiting = WaitlistEntry.objects.filter(
-            section=section, state=WaitlistEntry.State.WAITING).count()
-        # The complement of hold_seat's rule: a seat free beyond one for each learner
-        # waiting is this learner's to hold.
-        if seats_taken(section.pk, now) + waiting < section.capacity:
-            raise SeatAvailable(section.pk)
-        return WaitlistEntry.objects.create(section=section, learner_ref=learner_ref,
-                                            joined_at=now)
+    # The section's lock: hold_seat and release_hold take it too, so a seat is either
+    # free when this looks (refused) or its release sees this entry.
+    section = locked_sections().get(pk=section_id)
+    now = now or timezone.now()
+    # Then the section's held seats, key-share locked (a DELETE waits for that, an
+    # UPDATE of an expiry does not): a chunk deleting one of them now (cleanup takes no
+    # section lock) has either committed (the seat reads as free below: refused), or
+    # waits until this entry commits, so its trigger sees it (or skips the seat for its
+    # next run).
+    _lock_held_seats(section.pk)
+    entry = WaitlistEntry.objects.filter(section=section, learner_ref=learner_ref,
+                                         state__in=IN_LINE).first()
+    if entry is not None:
+        return entry
+    taken = SeatHold.objects.filter(section=section, learner_ref=learner_ref).filter(
+        Q(status=SeatHold.Status.CONFIRMED)
+        | Q(status=SeatHold.Status.HELD, expires_at__gt=now))
+    if taken.exists():
+        raise AlreadySeated(section.pk, learner_ref)
+    waiting = WaitlistEntry.objects.filter(
+        section=section, state=WaitlistEntry.State.WAITING).count()
+    # The complement of hold_seat's rule: a seat free beyond one for each learner
+    # waiting is this learner's to hold.
+    if seats_taken(section.pk, now) + waiting < section.capacity:
+        raise SeatAvailable(section.pk)
+    return WaitlistEntry.objects.create(section=section, learner_ref=learner_ref,
+                                        joined_at=now)
 
 
 # Locks that a DELETE of the row waits for and an UPDATE of its expiry does not.
@@ -104,32 +110,28 @@ def _lock_held_seats(section_id: int) -> None:
         cursor.execute(HELD_SEATS, [section_id])
 
 
+@learner_transaction
 def leave_waitlist(entry_id: int) -> WaitlistEntry:
     """Take a learner out of line; an offer they had is released, so the seat goes to
     the next learner (its event). Leaving twice, or after the line, changes nothing."""
-    entry = WaitlistEntry.objects.filter(pk=entry_id).first()
+    # The section, then the entry, then the offer's hold: the one order. The entry is
+    # read under both locks, never before: an offer committed in between would
+    # otherwise name a hold this locks last while its learner, declining, holds it.
+    locked_section_of(WaitlistEntry, entry_id)
+    entry = WaitlistEntry.objects.select_for_update().filter(pk=entry_id).first()
     if entry is None:
         raise WaitlistEntryNotFound(entry_id)
-    with transaction.atomic():
-        # Locks in the order release_hold takes them: the offer hold, the section, then
-        # the entry (read again under its lock: an offer may have come meanwhile).
-        if entry.offer_hold_id is not None:
-            list(SeatHold.objects.select_for_update().filter(pk=entry.offer_hold_id)
-                 .values_list("pk"))
-        list(Section.objects.select_for_update().filter(pk=entry.section_id)
-             .values_list("pk"))
-        entry = WaitlistEntry.objects.select_for_update().get(pk=entry_id)
-        if entry.state not in IN_LINE:
-            return entry
-        offered = entry.state == WaitlistEntry.State.OFFERED
-        entry.state = WaitlistEntry.State.LEFT
-        entry.save(update_fields=["state"])
-        if offered:
-            # After the entry left: with nobody else in line the trigger writes no event
-            # and the seat is simply free; with others, its event offers it on.
-            SeatHold.objects.filter(pk=entry.offer_hold_id,
-                                    status=SeatHold.Status.HELD).delete()
+    if entry.state not in IN_LINE:
         return entry
+    offered = entry.state == WaitlistEntry.State.OFFERED
+    entry.state = WaitlistEntry.State.LEFT
+    entry.save(update_fields=["state"])
+    if offered:
+        # After the entry left: with nobody else in line the trigger writes no event
+        # and the seat is simply free; with others, its event offers it on.
+        SeatHold.objects.filter(pk=entry.offer_hold_id,
+                                status=SeatHold.Status.HELD).delete()
+    return entry
 
 
 def offer_freed_seat(event: Event) -> None:
@@ -139,10 +141,11 @@ def offer_freed_seat(event: Event) -> None:
     if FreedSeat.objects.filter(event_key=key).exists():
         return  # handled already: this event's effects committed, or are in this transaction
     hold_id, section_id = event.payload["hold_id"], event.payload["section_id"]
-    now = timezone.now()
-    section = Section.objects.select_for_update().filter(pk=section_id).first()
+    # The section, then its entries, then the offer's new hold: the learners' order.
+    section = locked_sections().filter(pk=section_id).first()
     if section is None:
         return  # the section was deleted, its waitlist with it: nothing to offer
+    now = timezone.now()
     # An offer hold that expired (cleanup) or was released: its learner's turn is over.
     WaitlistEntry.objects.filter(section=section, state=WaitlistEntry.State.OFFERED,
                                  offer_hold_id=hold_id).update(state=WaitlistEntry.State.LAPSED)
