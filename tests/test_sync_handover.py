@@ -139,7 +139,8 @@ def test_sync_json_with_a_row_locked_past_the_retries_is_one_object_and_exit_0(t
     assert (result["run_id"], result["state"], result["eligible"]) == (
         str(run.id), "running", 100)
     assert result["sync"] == {
-        "chunks_applied": 0, "rows_changed": 0, "rows_locked": 0, "handed_to_queue": True,
+        "chunks_applied": 0, "rows_changed": 0, "run_rows_changed": 0, "rows_locked": 0,
+        "handed_to_queue": True,
         "failed_chunk": 1,
         "cause": LOCK_TIMEOUT,
         "note": f'chunk #1 met "{LOCK_TIMEOUT}" past 1 in-task retries: the run is handed to '

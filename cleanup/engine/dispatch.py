@@ -275,15 +275,15 @@ def _result(run: Run, request: Request, *, created: bool, coalesced: bool = Fals
         first_chunks=run.chunks_planned if first else 0,
         first_rows=run.candidates if first else 0,
         waiting_behind=waiting_behind(run) if waiting else None,
-        halted="; ".join(halts.describe(halt) for halt in halts.open_halts(run.policy))
-        if run.state == Run.State.RUNNING else "",
+        halts=tuple(halts.open_halts(run.policy)),
     )
 
 
 def _with_applied(result: DispatchResult, applied: Applied) -> DispatchResult:
     """The result once this process has applied what it could of the run."""
     result.run.refresh_from_db()
-    result = replace(result, applied=applied)
+    # Its own chunks may have halted the policy (failing) while it applied them.
+    result = replace(result, applied=applied, halts=tuple(halts.open_halts(result.run.policy)))
     log.info("applied in process", chunks_applied=applied.chunks, rows_changed=applied.rows,
              handed_to_queue=applied.handed_over, note=applied.note, **_logged(result))
     return result
@@ -349,8 +349,8 @@ def _finish_here(run: Run, progress: Progress | None) -> Applied | None:
     """Apply what an interrupted --sync run of this key (or the queue) left unfinished,
     unless another live process applies it; None if the run has finished."""
     if not sync_lease.acquire(run.pk):
-        return Applied(0, rows_changed_by(run), note="another process is applying this run "
-                       "(it holds the run's lease); nothing was applied here")
+        return Applied(0, 0, rows_changed_by(run), note="another process is applying this "
+                       "run (it holds the run's lease); nothing was applied here")
     try:
         if not transitions.queued_to_in_process(run.pk):
             return None

@@ -35,7 +35,8 @@ class Applied:
     """What a ``--sync`` dispatch applied in its own process."""
 
     chunks: int  # chunks this process applied
-    rows: int  # rows the run's chunks have changed in all
+    rows: int  # rows those chunks changed
+    run_rows: int  # rows the run's chunks have changed in all, here and elsewhere
     handed_over: bool = False  # the rest of the run is the queue's
     # Why it stopped before the run's end, in words; empty when it got there.
     note: str = ""
@@ -53,17 +54,17 @@ def apply_in_process(run: Run, progress: Progress | None = None) -> Applied:
     The caller holds the run's lease. ``progress(chunks, rows, eligible)`` is called
     after each chunk, with the rows eligible at dispatch (None if not counted).
     """
-    applied = 0
+    applied = own = 0
     rows = rows_changed_by(run)
     try:
         while chunk := (run.chunks.filter(state__in=Chunk.UNFINISHED).order_by("chunk_id")
                         .only("pk", "chunk_id", "message").first()):
             if not _still_ours(run):
-                return _taken_over(run, applied)
+                return _taken_over(run, applied, own)
             try:
                 apply_chunk(chunk.message, leased=True)
             except LeaseLost:
-                return _taken_over(run, applied)
+                return _taken_over(run, applied, own)
             except Exception as exc:
                 if not transient(exc):
                     raise
@@ -74,10 +75,13 @@ def apply_in_process(run: Run, progress: Progress | None = None) -> Applied:
                         f"{conf.TRANSIENT_RETRIES} in-task retries: the run is handed to "
                         "the queue, which retries it")
                 window.hand_over(run.pk, reason=note)
-                return Applied(applied, rows_changed_by(run), True, note, chunk.chunk_id, cause)
+                return Applied(applied, own, rows_changed_by(run), True, note, chunk.chunk_id,
+                               cause)
             transitions.to_acknowledged(Q(pk=chunk.pk))
             applied += 1
-            rows += _rows_of(chunk)
+            changed = _rows_of(chunk)
+            own += changed
+            rows += changed
             if progress is not None:
                 progress(applied, rows, run.eligible_at_dispatch)
     except BaseException as exc:
@@ -96,9 +100,9 @@ def apply_in_process(run: Run, progress: Progress | None = None) -> Applied:
                     + (f"run {behind}" if behind else "its other runs")
                     + ": the rest of the run is handed to the queue")
         window.hand_over(run.pk, reason=note)
-        return Applied(applied, rows_changed_by(run), True, note)
+        return Applied(applied, own, rows_changed_by(run), True, note)
     locked = Chunk.objects.filter(run=run).aggregate(n=Sum("rows_locked"))["n"] or 0
-    return Applied(applied, rows_changed_by(run), rows_locked=locked)
+    return Applied(applied, own, rows_changed_by(run), rows_locked=locked)
 
 
 def rows_changed_by(run: Run) -> int:
@@ -125,11 +129,14 @@ def _still_ours(run: Run) -> bool:
     return sync_lease.renew(run.pk) and Run.objects.filter(pk=run.pk, in_process=True).exists()
 
 
-def _taken_over(run: Run, applied: int) -> Applied:
-    return Applied(applied, rows_changed_by(run), True,
-                   "taken over by the workers: this process's lease on the run lapsed "
-                   f"(not renewed within {conf.SYNC_LEASE_SECONDS} s: frozen, or cut off "
-                   "from the database)")
+def _taken_over(run: Run, applied: int, own: int) -> Applied:
+    # In process again: a later --sync of its key took it (from the queue, or at once).
+    by = ("another process applying it (--sync)"
+          if Run.objects.filter(pk=run.pk, in_process=True).exists() else "the workers")
+    return Applied(applied, own, rows_changed_by(run), True,
+                   f"taken over by {by}: this process's lease on the run lapsed (not "
+                   f"renewed within {conf.SYNC_LEASE_SECONDS} s: frozen, or cut off from "
+                   "the database)")
 
 
 def _give_up(run: Run, reason: str) -> None:

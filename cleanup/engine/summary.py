@@ -10,12 +10,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from cleanup.display import number, utc_text
+from cleanup.engine.halts import describe
+from cleanup.models import Halt, Run
 
 if TYPE_CHECKING:
     from cleanup.engine.dispatch import Request
     from cleanup.engine.in_process import Applied
     from cleanup.engine.preview import Preview
-    from cleanup.models import Run
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,13 @@ class DispatchResult:
     waiting_behind: uuid.UUID | None = None
     # --sync: what this process applied, and whether it handed the rest to the queue.
     applied: Applied | None = None
-    # Why the policy plans nothing now, in words (a pause), when it is halted.
-    halted: str = ""
+    # The policy's halts open when the dispatch (or its --sync process) ended.
+    halts: tuple[Halt, ...] = ()
+
+    @property
+    def halted(self) -> str:
+        """Why the policy plans nothing now, in words; empty when it is not halted."""
+        return "; ".join(describe(halt) for halt in self.halts)
 
     @property
     def dry_run(self) -> bool:
@@ -101,6 +107,7 @@ class DispatchResult:
             "sync": None if applied is None else {
                 "chunks_applied": applied.chunks,
                 "rows_changed": applied.rows,
+                "run_rows_changed": applied.run_rows,
                 "rows_locked": applied.rows_locked,
                 "handed_to_queue": applied.handed_over,
                 "failed_chunk": applied.failed_chunk,
@@ -138,17 +145,23 @@ def describe_dispatch(result: DispatchResult) -> str:
     parts.append(_planned(result))
     if result.applied is not None:
         parts.append(_applied(result, result.applied))
+    if result.halts and run.state != Run.State.RUNNING:
+        parts.append(f"the policy is now {result.halted}{_until(result)}")
     return f"{head}: {'; '.join(parts)}."
 
 
+def _until(result: DispatchResult) -> str:
+    """Until when a halted policy plans nothing: an operator's pause and a failing halt
+    end only by a resume, the database's pressure by itself."""
+    if any(halt.reason in Halt.ENDED_BY_OPERATOR for halt in result.halts):
+        return (f"; nothing more is planned until it is resumed (cleanup_resume --policy "
+                f"{result.policy})")
+    return "; nothing more is planned until that clears (a worker looks again by itself)"
+
+
 def _planned(result: DispatchResult) -> str:
-    if result.halted:
-        if any(part.startswith("paused") for part in result.halted.split("; ")):
-            return (f"the policy is {result.halted}; nothing more is planned until it is "
-                    f"resumed (cleanup_resume --policy {result.policy})")
-        # A pressure halt ends by itself: resuming is for an operator's pause.
-        return (f"the policy is {result.halted}; nothing more is planned until that clears "
-                "(a worker looks again by itself)")
+    if result.halts and result.run.state == Run.State.RUNNING:
+        return f"the policy is {result.halted}{_until(result)}"
     if result.waiting_behind is not None:
         return f"waiting for room in the window behind run {result.waiting_behind}"
     if result.chunks == 0:
@@ -169,9 +182,16 @@ def _applied(result: DispatchResult, applied: Applied) -> str:
     if applied.chunks == 0 and applied.note and not applied.handed_over:
         return applied.note  # another process applies it
     verb = "updated" if result.mutation == "update" else "deleted"
-    rows = (f"{number(applied.rows)} of {_count(result.eligible, 'row')}"
-            if result.eligible is not None else _count(applied.rows, "row"))
-    text = f"applied here: {rows} {verb} in {_count(applied.chunks, 'chunk')}"
+    of_eligible = ("" if result.eligible is None
+                   else f" of {_count(result.eligible, 'row')}")
+    if applied.rows == applied.run_rows:
+        rows = (f"{number(applied.rows)}{of_eligible}" if of_eligible
+                else _count(applied.rows, "row"))
+        text = f"applied here: {rows} {verb} in {_count(applied.chunks, 'chunk')}"
+    else:  # other processes applied some of the run too
+        text = (f"applied here: {_count(applied.rows, 'row')} {verb} in "
+                f"{_count(applied.chunks, 'chunk')} (the run's chunks: "
+                f"{number(applied.run_rows)}{of_eligible or ' rows'} {verb} in all)")
     if applied.rows_locked:
         text += (f", {number(applied.rows_locked)} skipped: locked by another transaction "
                  "(a later run takes them)")

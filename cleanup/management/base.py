@@ -237,7 +237,13 @@ class _HeldErrors(logging.Handler):
 
     def uninstall(self, *, replay: bool) -> None:
         logging.getLogger().handlers = self.replaced
-        for record in self.records if replay else ():
+        if replay:
+            self.replay()
+        self.records = []
+
+    def replay(self) -> None:
+        """Pass the errors kept so far on, once."""
+        for record in self.records:
             self._pass_on(record)
         self.records = []
 
@@ -268,6 +274,7 @@ class CleanupCommand(BaseCommand):
     # Set when run from the shell; called from code (call_command) errors stay exceptions.
     from_shell = False
     json_requested = False
+    _held: _HeldErrors | None = None
 
     def run_from_argv(self, argv):
         self.from_shell = True
@@ -302,7 +309,7 @@ class CleanupCommand(BaseCommand):
     def execute(self, *args, **options):
         quiet = self.from_shell and options.get("verbosity", 1) < 2
         disabled = logging.root.manager.disable
-        held = _HeldErrors() if quiet else None
+        held = self._held = _HeldErrors() if quiet else None
         if quiet:
             # Below -v 2 a command prints its result, not the engine's INFO lines (nor
             # django-q2's "Enqueued"); warnings show as they come, errors at the end.
@@ -334,6 +341,10 @@ class CleanupCommand(BaseCommand):
 
     def handle(self, *args, **options):
         result = self.run(**options)
+        if self._held is not None:
+            # The result has the last word: errors met on the way (a --sync process
+            # that was taken over) come before it, not after.
+            self._held.replay()
         if options["json"]:
             self.stdout.write(json.dumps(result, sort_keys=True))
         else:
