@@ -6,6 +6,7 @@ parameter each list takes."""
 
 from __future__ import annotations
 
+import uuid
 from urllib.parse import quote
 
 import pytest
@@ -262,3 +263,12 @@ def test_a_percent_encoded_hostile_value_round_trips_as_text(console):
     # What %ED%A0%80 (an encoded surrogate) becomes: U+FFFD, which PostgreSQL takes.
     url = reverse("admin:cleanup_event_changelist") + "?q=" + quote("seathold:\ufffd")
     assert console.get(url).status_code == 200
+
+
+@pytest.mark.parametrize(("object_id", "status"), [
+    ("-1", 404), ("not-a-uuid", 404), ("a%00b", 400), (str(uuid.uuid4()), 404)])
+def test_view_on_site_with_an_id_no_run_can_have_is_no_500(admin_client, object_id, status):
+    from django.contrib.contenttypes.models import ContentType
+
+    run_type = ContentType.objects.get_for_model(Run)
+    assert admin_client.get(f"/admin/r/{run_type.pk}/{object_id}/").status_code == status
