@@ -19,6 +19,8 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     "RANGE": ("cleanup.policies", "RANGE"),
     "register_policy": ("cleanup.policies", "register"),
     "get_policy": ("cleanup.policies", "get_policy"),
+    # Every refusal of the engine's (a policy unknown, a cutoff in the future, ...).
+    "CleanupError": ("cleanup.exceptions", "CleanupError"),
     # Running work from code: what the cleanup_dispatch and cleanup_replay commands do.
     "preview_dispatch": ("cleanup.engine.dispatch", "preview_dispatch"),
     "dispatch": ("cleanup.engine.dispatch", "dispatch"),
@@ -36,6 +38,7 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     # The outbox: events written with the change, delivered once.
     "Event": ("cleanup.models", "Event"),
     "emit": ("cleanup.outbox", "emit"),
+    "BadEvent": ("cleanup.outbox", "BadEvent"),  # what emit() refuses, before any SQL
     "register_handler": ("cleanup.outbox", "register"),
     "publish": ("cleanup.outbox", "publish"),
     "events_on_delete": ("cleanup.outbox.triggers", "events_on_delete"),
