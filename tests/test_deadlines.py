@@ -78,22 +78,6 @@ def test_a_message_whose_parameters_differ_from_its_run_is_dead_lettered(logs):
     assert LeaseLog.objects.count() == 6
 
 
-def as_version_2(message: dict) -> dict:
-    """A range message as version 2 wrote it: no parameters, the partition as tenant_id."""
-    old = {k: v for k, v in message.items() if k not in ("parameters", "partition")}
-    return old | {"version": 2, "tenant_id": message["partition"]}
-
-
-def test_a_version_2_message_uses_the_parameters_its_run_froze(settings, logs):
-    settings.LEASES_LOG_RETENTION_DAYS = 30
-    chunk = dispatch(PURGE_LEASE_LOGS).run.chunks.get()
-    old_format = as_version_2(chunk.message)
-    settings.LEASES_LOG_RETENTION_DAYS = 10
-
-    assert apply_chunk(old_format) == Outcome.DELETED
-    assert LeaseLog.objects.count() == len(logs["20 days"])
-
-
 def test_status_json_shows_the_frozen_parameters(logs):
     run = dispatch(PURGE_LEASE_LOGS).run
     out = StringIO()
@@ -115,10 +99,10 @@ def test_the_run_page_shows_the_frozen_parameters(admin_client, logs):
 
 def test_a_run_that_froze_no_parameters_is_dead_lettered_not_recomputed(settings, logs):
     chunk = dispatch(PURGE_LEASE_LOGS).run.chunks.get()
-    Run.objects.filter(pk=chunk.run_id).update(parameters={})  # planned before 0003
-    old_format = as_version_2(chunk.message)
+    # Dispatched before its policy derived any: its messages carry none either.
+    Run.objects.filter(pk=chunk.run_id).update(parameters={})
 
-    assert apply_chunk(old_format) == Outcome.DEAD_LETTERED
+    assert apply_chunk({**chunk.message, "parameters": {}}) == Outcome.DEAD_LETTERED
     chunk.refresh_from_db()
     assert "froze no parameters" in chunk.last_error
     assert LeaseLog.objects.count() == 6

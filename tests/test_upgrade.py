@@ -1,5 +1,6 @@
-"""A rolling upgrade keeps working: the chunk messages an earlier release queued still run
-on this one after ``migrate``.
+"""A rolling upgrade keeps working: the chunk messages an earlier release queued in the
+current or the previous version still run on this one after ``migrate``; older ones are
+dead-lettered at once, naming the release that last wrote them.
 
 Each message was recorded (tests/recorded/messages/) by the message module of the commit
 that wrote it, in the envelope django-q2 queued it in. A test builds what that release
@@ -15,10 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from io import StringIO
 from typing import Any
 
 import factory
 import pytest
+from django.core.management import call_command
 from django.db.models import DateTimeField, Model
 from django.db.models import Value as SqlValue
 from django.db.models.functions import Cast
@@ -39,13 +42,18 @@ from tests.recorded import recorded_message, recorded_message_names
 pytestmark = pytest.mark.django_db
 
 # Applied as their release meant, to exactly the rows they name.
-APPLIES = ["v1-items", "v2-items", "v2-items-observed-as-text", "v3-items", "v3-range-tenant",
-           "v3-range-whole-table", "v4-items", "v4-items-update", "v4-items-text-keys",
-           "v4-range-partition", "v4-range-whole-table"]
+APPLIES = ["v3-items", "v3-range-tenant", "v3-range-whole-table", "v4-items",
+           "v4-items-update", "v4-items-text-keys", "v4-range-partition",
+           "v4-range-whole-table"]
 # expire-holds ranged per tenant until 12f7b4d; its policy has no partition any more.
-TENANT_RANGES_OF_EXPIRE_HOLDS = ["v2-range-tenant-expire-holds", "v3-range-tenant-expire-holds"]
-# Refused by design, each with its own test below.
-REFUSED = ["v2-range-tenant", "unknown-version"]
+TENANT_RANGES_OF_EXPIRE_HOLDS = ["v3-range-tenant-expire-holds"]
+# Older than the previous version: refused, saying which release last wrote them. No
+# release queued version 1 (the seed's), so no ledger holds a chunk of it.
+RETIRED_WITH_CHUNKS = ["v2-items", "v2-items-observed-as-text", "v2-range-tenant",
+                       "v2-range-tenant-expire-holds"]
+RETIRED = ["v1-items", *RETIRED_WITH_CHUNKS]
+# Newer than this release: refused, each with its own test below.
+REFUSED = ["unknown-version"]
 TENANT, OTHER_TENANT = 7001, 7002  # the tenant the recorded ranges name, and another
 
 
@@ -184,13 +192,16 @@ def sections(db) -> dict:
 # What the recordings cover ---------------------------------------------------------
 
 def test_every_recorded_message_has_its_test():
-    assert sorted(APPLIES + TENANT_RANGES_OF_EXPIRE_HOLDS + REFUSED) == recorded_message_names()
+    assert sorted(APPLIES + TENANT_RANGES_OF_EXPIRE_HOLDS + RETIRED + REFUSED) == (
+        recorded_message_names())
 
 
-def test_every_version_this_release_reads_has_a_recorded_message():
-    recorded = {sent(recorded_message(name))["version"] for name in recorded_message_names()}
-    assert set(SUPPORTED_VERSIONS) <= recorded
-    assert CURRENT_VERSION in recorded
+def test_every_version_this_release_reads_or_refuses_has_a_recorded_message():
+    def versions(names: list[str]) -> set:
+        return {sent(recorded_message(name))["version"] for name in names}
+
+    assert versions(APPLIES) == set(SUPPORTED_VERSIONS) == {CURRENT_VERSION - 1, CURRENT_VERSION}
+    assert versions(RETIRED) == {1, 2}
 
 
 # Applied as their release meant ---------------------------------------------------
@@ -243,7 +254,7 @@ def test_the_acknowledgement_of_a_message_an_earlier_release_queued_reaches_its_
 
 
 def test_the_reconciler_resends_a_lost_message_as_its_earlier_release_wrote_it(sections):
-    recorded = recorded_message("v2-items")
+    recorded = recorded_message("v3-range-tenant")
     chunk = left_by_earlier_release(recorded)  # enqueued days ago, never delivered
     arranged = arrange(recorded, sections)
 
@@ -297,7 +308,7 @@ def test_a_tenant_range_of_expire_holds_from_before_whole_table_ranges_still_app
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "the engine drops a version 2/3 tenant_id when the policy no longer partitions "
+    "the engine drops a version 3 tenant_id when the policy no longer partitions "
     "(expire-holds since 12f7b4d): the chunk deletes the eligible holds of every tenant in "
     "its id range, which the other tenant's chunk of the same run planned and counts"))
 @pytest.mark.parametrize("name", TENANT_RANGES_OF_EXPIRE_HOLDS)
@@ -314,21 +325,75 @@ def test_a_tenant_range_of_expire_holds_leaves_other_tenants_holds_to_their_own_
 
 # Refused, with the chunk identified -------------------------------------------------
 
-def test_a_version_2_purge_from_before_deadlines_were_frozen_is_dead_lettered_not_recomputed(
-        sections):
-    recorded = recorded_message("v2-range-tenant")
-    chunk = left_by_earlier_release(recorded)  # its run froze no retention deadline
+def no_longer_read(version: int) -> str:
+    return (f"message version {version} is no longer read (supported: (3, 4)); versions "
+            "before 3 were last written by seat-hold-cleanup 0.1.0 until commit 83a6297 "
+            "(2026-12-01): replay the run with a new cutoff (cleanup_replay RUN_ID "
+            "--new-cutoff CUTOFF)")
+
+
+@pytest.mark.parametrize("name", RETIRED_WITH_CHUNKS)
+def test_a_version_before_the_previous_one_is_dead_lettered_naming_its_release(name, sections):
+    recorded = recorded_message(name)
+    chunk = left_by_earlier_release(recorded)
     arranged = arrange(recorded, sections)
 
     done = as_django_q2_runs(recorded["task"])
 
-    assert (done["success"], done["result"]) == (True, "dead_lettered")
+    assert (done["success"], done["result"]) == (True, "dead_lettered")  # the worker goes on
     assert arranged.now_changed() == set()
     chunk.refresh_from_db()
-    assert (chunk.state, chunk.failure_class) == (Chunk.State.DEAD_LETTERED,
-                                                  Chunk.FailureClass.MALFORMED)
-    assert "replay it with a new cutoff" in chunk.last_error
+    assert (chunk.state, chunk.failure_class, chunk.deliveries) == (
+        Chunk.State.DEAD_LETTERED, Chunk.FailureClass.MALFORMED, 1)
+    assert chunk.cause == f"malformed message: {no_longer_read(2)}"
     assert chunk.run.state == Run.State.COMPLETED_WITH_DEAD_LETTERS
+    assert not OrphanMessage.objects.exists()
+
+
+def test_a_version_1_message_is_kept_with_its_run_naming_the_release_before_3(db):
+    recorded = recorded_message("v1-items")
+
+    done = as_django_q2_runs(recorded["task"])
+
+    assert (done["success"], done["result"]) == (True, "dead_lettered")
+    orphan = OrphanMessage.objects.get()
+    assert (str(orphan.run_id), orphan.chunk_id) == (sent(recorded)["run_id"], None)
+    assert orphan.error == no_longer_read(1)
+
+
+def test_a_version_before_the_previous_one_is_replayed_with_a_new_cutoff_in_this_version(
+        sections):
+    recorded = recorded_message("v2-items")
+    chunk = left_by_earlier_release(recorded)
+    arranged = arrange(recorded, sections)
+    as_django_q2_runs(recorded["task"])
+
+    call_command("cleanup_replay", str(chunk.run_id), "--new-cutoff",
+                 sent(recorded)["cutoff"], stdout=StringIO())
+
+    replayed = Run.objects.get(replay_of=chunk.run_id)
+    assert {c.message["version"] for c in replayed.chunks.all()} == {CURRENT_VERSION}
+    for queued in OrmQ.objects.all():
+        run_queued(queued.pk)
+    replayed.refresh_from_db()
+    assert replayed.state == Run.State.COMPLETED
+    assert arranged.now_changed() == arranged.changed | {arranged.unplanned}
+
+
+def test_a_current_message_naming_a_chunk_queued_in_a_retired_version_is_refused(sections):
+    recorded = recorded_message("v2-items")
+    chunk = left_by_earlier_release(recorded)
+    arranged = arrange(recorded, sections)
+    task = recorded["task"] | {"args": [{**sent(recorded), "version": CURRENT_VERSION,
+                                         "parameters": {}}]}
+
+    done = as_django_q2_runs(task)
+
+    assert (done["success"], done["result"]) == (True, "dead_lettered")  # never retried
+    assert arranged.now_changed() == set()
+    chunk.refresh_from_db()
+    assert (chunk.state, chunk.cause) == (
+        Chunk.State.DEAD_LETTERED, "message items or range differ from the chunk in the ledger")
 
 
 def test_a_version_this_release_does_not_know_is_dead_lettered_with_its_run_and_chunk(sections):

@@ -2,11 +2,9 @@
 
 Version 4 is current: a range chunk names its partition ``partition`` (a tenant, a
 run, a policy: whatever the policy partitions by), or none for a range over the whole
-table. Version 3 called it ``tenant_id`` whatever it held; it brought the parameters
-the run's predicate derived from its cutoff at dispatch (a retention deadline).
-Version 2 had no ``parameters`` and version 1 named the chunk ``batch_id``. Workers
-still read all of them, so messages in flight across a deploy are not lost (the older
-ones take the parameters from their run, as every delivery is checked against it).
+table. Version 3, the previous one, called it ``tenant_id`` whatever it held. A worker
+reads the version it writes and the one before, as old and new workers overlap during a
+deploy; an older message is dead-lettered at once, saying which release last wrote it.
 
 Every timestamp is read as an instant in UTC. An observed value is ISO-8601, or
 PostgreSQL's own text for a value Python cannot hold (``-infinity``, ``infinity``, a
@@ -26,7 +24,7 @@ from cleanup.cutoffs import in_utc
 from cleanup.exceptions import BadCutoff, MalformedMessage
 
 CURRENT_VERSION = 4
-SUPPORTED_VERSIONS = (1, 2, 3, 4)
+SUPPORTED_VERSIONS = (3, 4)
 # What ObservedText writes for values outside Python's years: PostgreSQL's output in UTC.
 POSTGRES_ONLY_TIMESTAMP = re.compile(
     r"-?infinity|\d{4,6}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d{1,6})?\+00( BC)?"
@@ -44,8 +42,7 @@ class ChunkMessage:
     chunk_id: int
     policy: str
     cutoff: datetime
-    # Derived instants by name; None for a version-1 or -2 message, which has none.
-    parameters: dict[str, datetime] | None = None
+    parameters: dict[str, datetime]  # derived instants by name
     items: list[tuple[Any, datetime | str | None]] | None = None
     partition: Any = None
     whole_table: bool = False  # a range over the whole table: no partition
@@ -106,7 +103,7 @@ def identify(raw: Any) -> tuple[str | None, int | None]:
     if data is None:
         return None, None
     run_id = data.get("run_id")
-    chunk_id = data.get("chunk_id", data.get("batch_id"))
+    chunk_id = data.get("chunk_id")
     try:
         run_id = str(uuid.UUID(str(run_id)))
     except ValueError:
@@ -127,25 +124,28 @@ def parse(raw: Any) -> ChunkMessage:
     if data is None:
         raise bad("message is not a JSON object")
     version = data.get("version")
+    if type(version) is int and 0 < version < SUPPORTED_VERSIONS[0]:
+        # One text for every run: it is the cause dead letters are grouped by.
+        raise bad(f"message version {version} is no longer read (supported: "
+                  f"{SUPPORTED_VERSIONS}); versions before 3 were last written by "
+                  "seat-hold-cleanup 0.1.0 until commit 83a6297 (2026-12-01): replay the run "
+                  "with a new cutoff (cleanup_replay RUN_ID --new-cutoff CUTOFF)")
     if type(version) is not int or version not in SUPPORTED_VERSIONS:
         raise bad(f"unknown message version {version!r} (supported: {SUPPORTED_VERSIONS})")
-    chunk_key = "batch_id" if version == 1 else "chunk_id"
     if run_id is None:
         raise bad("run_id is missing or not a UUID")
-    if type(data.get(chunk_key)) is not int:
-        raise bad(f"{chunk_key} is missing or not an integer")
+    if chunk_id is None:
+        raise bad("chunk_id is missing or not an integer")
     policy = data.get("policy")
     if not isinstance(policy, str) or not policy:
         raise bad("policy is missing")
     cutoff = _aware_datetime(data.get("cutoff"), "cutoff", bad)
-    parameters = None
-    if version >= 3:
-        given = data.get("parameters")
-        if not isinstance(given, dict) or not all(isinstance(k, str) for k in given):
-            raise bad("parameters must be an object of named timestamps")
-        parameters = {name: _aware_datetime(value, f"parameter {name}", bad)
-                      for name, value in given.items()}
-    fields = {"version": version, "run_id": run_id, "chunk_id": data[chunk_key],
+    given = data.get("parameters")
+    if not isinstance(given, dict) or not all(isinstance(k, str) for k in given):
+        raise bad("parameters must be an object of named timestamps")
+    parameters = {name: _aware_datetime(value, f"parameter {name}", bad)
+                  for name, value in given.items()}
+    fields = {"version": version, "run_id": run_id, "chunk_id": chunk_id,
               "policy": policy, "cutoff": cutoff, "parameters": parameters}
     if "items" in data:
         items = data["items"]
@@ -158,16 +158,35 @@ def parse(raw: Any) -> ChunkMessage:
             pairs.append((item[0], _observed(item[1], bad)))
         return ChunkMessage(**fields, items=pairs)
     partition_key = "partition" if version >= 4 else "tenant_id"
-    whole_table = version >= 3 and partition_key not in data
-    if {"start_id", "end_id"} <= data.keys() and (partition_key in data or whole_table):
+    if {"start_id", "end_id"} <= data.keys():
         start_id, end_id = data["start_id"], data["end_id"]
         if not all(type(v) is int for v in (start_id, end_id)):
             raise bad("start_id and end_id must be integers")
         if start_id >= end_id:
             raise bad(f"empty range [{start_id}, {end_id})")
-        return ChunkMessage(**fields, partition=data.get(partition_key), whole_table=whole_table,
+        return ChunkMessage(**fields, partition=data.get(partition_key),
+                            whole_table=partition_key not in data,
                             start_id=start_id, end_id=end_id)
     raise bad("message has neither items nor a start_id/end_id range")
+
+
+def same_work(raw: Any, received: ChunkMessage, ledger_copy: dict) -> bool:
+    """Whether a received message covers what its chunk's copy in the ledger does, the
+    authority on what a chunk covers.
+
+    A message as sent equals its copy; only one that differs (the previous version, a
+    forged one) is parsed again to compare what it covers.
+    """
+    if as_dict(raw) == ledger_copy:
+        return True
+    try:
+        planned = parse(ledger_copy)
+    except MalformedMessage:
+        return False  # a copy in a version no longer read: nothing to compare it with
+    covered = ("items", "whole_table", "partition", "start_id", "end_id")
+    return [getattr(received, name) for name in covered] == [
+        getattr(planned, name) for name in covered
+    ]
 
 
 def as_dict(raw: Any) -> dict | None:

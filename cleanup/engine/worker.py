@@ -259,14 +259,14 @@ def _count_delivery(raw, message: ChunkMessage, policy: Policy,
     run = chunk.run
     if run.policy != policy.name or run.cutoff != message.cutoff:
         reason = "message policy or cutoff does not match its run"
-    elif message.parameters is not None and message.parameters != run.frozen_parameters:
+    elif message.parameters != run.frozen_parameters:
         reason = "message parameters do not match the ones its run froze"
     elif policy.derive is not None and not run.parameters:
-        # Planned before parameters were frozen: recomputing them would read today's
+        # Dispatched before its policy derived any: recomputing them would read today's
         # settings, so the run is left to an operator's replay.
         reason = (f"run froze no parameters but policy {policy.name!r} derives some: "
                   "replay it with a new cutoff")
-    elif not _same_work(raw, message, chunk.message):
+    elif not messages.same_work(raw, message, chunk.message):
         reason = "message items or range differ from the chunk in the ledger"
     elif chunk.state in Chunk.UNFINISHED and (
             _unfinished(chunk) >= conf.MAX_UNFINISHED_DELIVERIES):
@@ -297,21 +297,6 @@ def _if_other(raw, chunk: Chunk) -> str:
         raw = raw.decode("utf-8", "replace")
     text = raw if isinstance(raw, str) else json.dumps(raw, indent=1, default=str)
     return text.replace("\x00", "\\u0000")  # PostgreSQL text holds no NUL
-
-
-def _same_work(raw, received: ChunkMessage, ledger_copy: dict) -> bool:
-    """The ledger's copy is the authority on what a chunk covers.
-
-    A message as sent equals its copy; only one that differs (an older version, a
-    forged one) is parsed again to compare what it covers.
-    """
-    if messages.as_dict(raw) == ledger_copy:
-        return True
-    planned = messages.parse(ledger_copy)
-    covered = ("items", "whole_table", "partition", "start_id", "end_id")
-    return [getattr(received, name) for name in covered] == [
-        getattr(planned, name) for name in covered
-    ]
 
 
 def _kept_dying(chunk: Chunk) -> tuple[str, str]:

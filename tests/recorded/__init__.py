@@ -1,7 +1,7 @@
-"""What earlier releases wrote and a newer one must still run: chunk messages with the
-django-q2 envelopes they were queued in (``messages/``), the other task the engine
-queues (``tasks/``), every dotted path a release queued a task under or installed a
-schedule for (``task_paths.json``) and every Schedule row it installed
+"""What earlier releases wrote and a newer one must still run, or refuse clearly: chunk
+messages with the django-q2 envelopes they were queued in (``messages/``), the other
+task the engine queues (``tasks/``), every dotted path a release queued a task under or
+installed a schedule for (``task_paths.json``) and every Schedule row it installed
 (``schedules.json``).
 
 ``record.py`` wrote them from the git history; the tests read them and never change them.

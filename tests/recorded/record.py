@@ -157,8 +157,8 @@ def record_messages() -> None:
                                      ("ddf2fc3", "974f4e9", "83a6297", "12f7b4d", "6e8f080"))
     head = message_module("HEAD")
 
-    # Version 1: the seed's contract (batch_id), which the parser has read since the
-    # first commit; no commit ever wrote it. The v2 builder's items, renamed.
+    # Version 1: the seed's contract (batch_id), now refused as older than the previous
+    # version; no commit ever wrote it. The v2 builder's items, renamed.
     cutoff = iso(2026, 11, 28, 12, 0)
     message = v2.items_message(run_id(100), 1, "expire-holds", cutoff, [
         (101, iso(2026, 11, 28, 11, 0)), (102, iso(2026, 11, 28, 11, 30, 0, 500_000)),
