@@ -80,7 +80,7 @@ def locked_sections() -> models.QuerySet[Section]:
 def locked_section_of(model: type[models.Model], pk: int) -> Section | None:
     """Lock the section of a seat hold or waitlist entry (a row's section never changes)
     in one statement, reading nothing else of the row; None if the row is gone."""
-    owner = model._default_manager.filter(pk=pk).values("section_id")
+    owner = model._default_manager.filter(pk=pk).values("section_id")[:1]
     return locked_sections().filter(pk=Subquery(owner)).first()
 
 
