@@ -255,7 +255,7 @@ def test_a_chunk_committing_while_the_ledger_purge_waits_is_never_lost_from_coun
     """The interleaving that once took cleanup_rows_deleted_total from 100 to 80: the
     purge locks and sums its rows, waits on one lock, and meanwhile another chunk in its
     range commits. The DELETE must remove only what was summed."""
-    from cleanup.observability.counters import all_sums
+    from cleanup.observability.counters import ledger_figures
     from cleanup.retention import PURGE_CHUNKS
 
     chunk_size("expire-leases", 1)
@@ -286,7 +286,7 @@ def test_a_chunk_committing_while_the_ledger_purge_waits_is_never_lost_from_coun
     holder.outcome()
     assert purging.outcome() == Outcome.DELETED
 
-    assert all_sums()["expire-leases"]["rows_deleted"] == 3
+    assert ledger_figures().sums["expire-leases"]["rows_deleted"] == 3
     assert list(Chunk.objects.filter(run=run).values_list("pk", "state")) == [
         (middle.pk, Chunk.State.COMMITTED)]
 

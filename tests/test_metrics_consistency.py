@@ -102,30 +102,3 @@ def test_alerts_show_as_annotations_and_name_only_shipped_alerts():
     assert {a for a in shipped if re.fullmatch(pattern, a)} == shipped
     assert series_in(expr) == set()  # Prometheus's own series, not the app's
 
-
-def test_the_scrapes_schedule_statuses_are_the_overviews(client, expire_leases_scheduled):
-    """The scrape reads every schedule in one statement; it must say what
-    overview.schedule_status says, policy by policy."""
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    from cleanup.models import ScheduleInstall, Slot
-    from cleanup.observability.metrics import schedule_statuses
-    from cleanup.observability.overview import schedule_status
-    from cleanup.policies import all_policies
-    from cleanup.scheduling.schedules import install_schedules
-
-    install_schedules()
-    now = timezone.now()
-    ScheduleInstall.objects.update(installed_at=now - timedelta(hours=3))
-    # One policy fired recently, one fired and was never dispatched, one never fired.
-    Slot.objects.create(policy="expire-leases", slot_at=now - timedelta(minutes=2),
-                        fired_at=now - timedelta(minutes=2), outcome=Slot.Outcome.STARTED)
-    Slot.objects.create(policy="purge-cleanup-chunks", slot_at=now - timedelta(hours=1),
-                        fired_at=now - timedelta(hours=1))
-    policies = all_policies()
-
-    assert schedule_statuses(policies, now) == {p.name: schedule_status(p, now)
-                                               for p in policies}
-    assert schedule_statuses(policies, now)["purge-cleanup-chunks"].undispatched == 1

@@ -15,7 +15,7 @@ from cleanup import policies
 from cleanup.engine.dispatch import dispatch
 from cleanup.engine.worker import apply_chunk
 from cleanup.models import Run, ScheduleInstall, Slot
-from cleanup.observability.overview import schedule_status
+from cleanup.observability.overview import schedule_statuses
 from cleanup.policies import all_policies, get_policy
 from cleanup.scheduling.schedules import install_schedules
 from cleanup.tasks import dispatch_scheduled
@@ -94,6 +94,11 @@ def test_slot_tasks_queued_during_a_stall_collapse_into_one_run(expired_leases):
     outcomes = list(Slot.objects.order_by("slot_at").values_list("outcome", flat=True))
     assert outcomes == [Slot.Outcome.STARTED] + [Slot.Outcome.COALESCED] * 4
 
+
+
+def schedule_status(policy, now):
+    """One policy's schedule as the overview, cleanup_policies and /metrics read it."""
+    return schedule_statuses([policy], now)[policy.name]
 
 @real_scheduler
 def test_the_scheduler_records_each_slot_it_fires_once_whether_or_not_a_worker_runs_it(db):

@@ -115,13 +115,6 @@ def ledger_figures() -> LedgerFigures:
                          now["last_success"])
 
 
-def all_sums() -> dict[str, dict[str, int]]:
-    """Live ledger rows plus what purges rolled up before deleting (and what folding
-    moved out of the live rows)."""
-    return _total(chunk_sums(Chunk.objects.filter(folded=False)), run_sums(Run.objects.all()),
-                  _rolled_up()[0])
-
-
 def _split_states(sums: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
     """Take the ``state_*`` keys out of each policy's sums, as chunks per state."""
     return {policy: {key.removeprefix(STATE_PREFIX): values.pop(key)

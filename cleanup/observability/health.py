@@ -22,6 +22,7 @@ from django_q.conf import Conf
 
 from cleanup.conf import conf
 from cleanup.models import Run, WorkerHeartbeat
+from cleanup.observability.overview import last_successes
 from cleanup.policies import all_policies
 
 # now() is the start of the reading transaction, which may begin a moment before a
@@ -90,13 +91,8 @@ def report() -> tuple[bool, dict]:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
         beats = heartbeats()
-        policies = {
-            p.name: _finished_at(
-                Run.objects.filter(policy=p.name, state=Run.State.COMPLETED)
-                .order_by("-finished_at").first()
-            )
-            for p in all_policies()
-        }
+        successes = last_successes()
+        policies = {p.name: _finished_at(successes.get(p.name)) for p in all_policies()}
     except DatabaseError as exc:
         return False, {"database": False, "error": str(exc).strip()}
     clusters = [

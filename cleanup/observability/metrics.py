@@ -7,23 +7,19 @@ state. Any web process on any host therefore serves the same, right figures.
 
 A scrape reads the chunks not folded and the runs once each (the counters and the
 chunk states in one pass; folded chunks are counted in LedgerTotal, see
-cleanup.observability.counters), the unfinished chunks through the state index, and
-each policy's backlog through its own index, counted up to a cap
-(cleanup.observability.backlog): p95 0.27 s while a run deletes a million rows beside a
-retention's worth of ledger (docs/performance.md, Measured).
+cleanup.observability.counters), and each policy's health as the console's overview
+reads it (cleanup.observability.overview: the unfinished chunks through the state
+index, each policy's backlog through its own index, counted up to a cap), its backlog
+within the scrape's 40 ms a statement: p95 0.27 s while a run deletes a million rows
+beside a retention's worth of ledger (docs/performance.md, Measured).
 """
 
 from __future__ import annotations
 
 import math
-from datetime import datetime, timedelta
 
-from croniter import croniter
 from django.db import connection
-from django.db.models import Count, Min, OuterRef, Q, Subquery
-from django.db.models.functions import Coalesce, Substr
 from django.utils import timezone
-from django_q.models import Schedule
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -32,16 +28,13 @@ from prometheus_client.core import (
 
 from cleanup.conf import conf
 from cleanup.engine import pressure
-from cleanup.engine.transport import lease
-from cleanup.models import Chunk, Halt, OrphanMessage, Run, ScheduleInstall, Slot
+from cleanup.models import Chunk, Halt, OrphanMessage, Run
 from cleanup.observability import health
-from cleanup.observability.backlog import COUNT_CAP, Budget, backlogs
+from cleanup.observability.backlog import COUNT_CAP, Budget
 from cleanup.observability.counters import DURATION_BUCKETS_MS, ROWS_BUCKETS, ledger_figures
 from cleanup.observability.events import event_families
-from cleanup.observability.overview import ScheduleStatus, backlog_age_limit
-from cleanup.policies import Policy, all_policies
-from cleanup.scheduling import triggers
-from cleanup.scheduling.schedules import NAME_PREFIX
+from cleanup.observability.overview import backlog_age_limit, overview
+from cleanup.policies import all_policies
 
 UNKNOWN_POLICY = "unknown"
 # How much of a failing halt's cause its label carries.
@@ -89,7 +82,7 @@ class LedgerCollector:
         yield from self._histograms(policies, figures.sums)
         yield self._state_gauges(policies, figures.states)
         yield self._running(policies, figures.running)
-        yield from self._health_gauges(now, figures.last_success)
+        yield from self._health_gauges(now)
         yield self._heartbeats()
         yield from self._holds(now)
         yield from event_families(now)
@@ -193,7 +186,7 @@ class LedgerCollector:
             family.add_metric([policy], running.get(policy, 0))
         return family
 
-    def _health_gauges(self, now, last_success):
+    def _health_gauges(self, now):
         gauges = {
             "eligible": GaugeMetricFamily(
                 "cleanup_eligible_rows",
@@ -254,35 +247,26 @@ class LedgerCollector:
                 "Unix time the last run that completed without dead letters finished.",
                 labels=["policy"]),
         }
-        in_flight = _chunks_in_flight(now)
-        policies = all_policies()
-        schedules = schedule_statuses(policies, now)
-        backlog = backlogs(policies, now, Budget())
-        for policy in policies:
-            label = [policy.name]
-            reading = backlog[policy.name]
-            chunks = in_flight.get(policy.name, {})
-            schedule = schedules[policy.name]
+        for policy in overview(now, Budget()):
+            label, reading, schedule = [policy.policy], policy.backlog, policy.schedule
             gauges["exact"].add_metric(label, 1 if reading and reading.exact else 0)
             # Nothing measured: no sample, which the alert rule rides over; a 0 would say
             # "no backlog" and reset its for:.
             if reading is not None:
-                oldest = (policy.eligible_since(reading.oldest_observed)
-                          if reading.oldest_observed else None)
                 gauges["eligible"].add_metric(label, reading.rows)
-                gauges["oldest"].add_metric(label, _age(now, oldest))
+                gauges["oldest"].add_metric(label, _age(now, policy.backlog_since))
                 if reading.read_at is not None:
                     gauges["reading_age"].add_metric(label, _age(now, reading.read_at))
-            gauges["unfinished"].add_metric(label, _age(now, chunks.get("oldest_unfinished")))
-            gauges["stalled"].add_metric(label, chunks.get("stalled", 0))
-            gauges["ack"].add_metric(label, chunks.get("awaiting_ack", 0))
+            gauges["unfinished"].add_metric(label, _age(now, policy.oldest_unfinished_since))
+            gauges["stalled"].add_metric(label, policy.stalled_chunks)
+            gauges["ack"].add_metric(label, policy.awaiting_ack)
             gauges["undispatched"].add_metric(label, schedule.undispatched)
             if schedule.installed:
                 gauges["lag"].add_metric(label, schedule.lag.total_seconds())
                 gauges["grace"].add_metric(label, conf.SCHEDULE_GRACE_SECONDS)
                 gauges["limit"].add_metric(label, backlog_age_limit(schedule).total_seconds())
-            if policy.name in last_success:
-                gauges["success"].add_metric(label, last_success[policy.name].timestamp())
+            if policy.last_success is not None:
+                gauges["success"].add_metric(label, policy.last_success.finished_at.timestamp())
         yield from gauges.values()
 
     def _heartbeats(self):
@@ -311,69 +295,6 @@ def register_collector() -> None:
 
 def ledger_collector() -> LedgerCollector:
     return _collector
-
-
-def _chunks_in_flight(now) -> dict[str, dict]:
-    """Per policy: the oldest unfinished chunk, the stalled ones and those awaiting
-    their acknowledgement, read through the state index (a few rows, not the ledger)."""
-    unfinished = Q(state__in=Chunk.UNFINISHED)
-    rows = (
-        Chunk.objects.filter(state__in=(*Chunk.UNFINISHED, Chunk.State.COMMITTED))
-        # Stalled: unfinished for longer than the lease since it was (re)sent, however
-        # many deliveries started meanwhile (one stuck on row locks keeps starting).
-        .alias(sent_at=Coalesce("enqueued_at", "planned_at"))
-        .values("run__policy")
-        .annotate(
-            oldest_unfinished=Min("planned_at", filter=unfinished),
-            stalled=Count("pk", filter=unfinished & Q(sent_at__lt=now - lease())),
-            awaiting_ack=Count("pk", filter=Q(state=Chunk.State.COMMITTED)),
-        )
-        .order_by()
-    )
-    return {row.pop("run__policy"): row for row in rows}
-
-
-def schedule_statuses(policies: list[Policy], now: datetime) -> dict[str, ScheduleStatus]:
-    """``overview.schedule_status`` of every policy, in one statement rather than four
-    per policy (28 of a scrape's 52 statements); a test pins the two equal."""
-    names = [f"{NAME_PREFIX}{p.name}" for p in policies if p.schedule is not None]
-    policy = Substr(OuterRef("name"), len(NAME_PREFIX) + 1)
-    slots = Slot.objects.filter(policy=policy).order_by()
-    rows = Schedule.objects.filter(name__in=names).annotate(
-        installed_at=Subquery(ScheduleInstall.objects.filter(policy=policy)
-                              .values("installed_at")[:1]),
-        last_fired=Subquery(slots.order_by("-fired_at").values("fired_at")[:1]),
-        undispatched=Subquery(
-            slots.filter(outcome=Slot.Outcome.FIRED, fired_at__lt=now - lease())
-            .values("policy").annotate(n=Count("pk")).values("n")),
-    ).values_list("name", "cron", "installed_at", "last_fired", "undispatched")
-    found = {name: (cron, installed, fired, waiting) for name, cron, installed, fired, waiting
-             in rows}
-    statuses = {}
-    for each in policies:
-        name = f"{NAME_PREFIX}{each.name}"
-        if each.schedule is None:
-            statuses[each.name] = ScheduleStatus(installed=False)
-        elif name not in found:
-            statuses[each.name] = ScheduleStatus(installed=False, cron=each.schedule)
-        else:
-            cron, installed, fired, waiting = found[name]
-            lag = triggers.lag_since([installed, fired], cron, now)
-            # One iterator for the next two slots (as triggers.period reads them):
-            # parsing the cron again was a third of this function's CPU.
-            slots = croniter(cron, now)
-            next_slot = slots.get_next(datetime)
-            statuses[each.name] = ScheduleStatus(
-                installed=True,
-                cron=cron,
-                next_slot=next_slot,
-                expected_slot=lag.expected_slot,
-                lag=lag.lag,
-                missed=lag.lag > timedelta(seconds=conf.SCHEDULE_GRACE_SECONDS),
-                undispatched=waiting or 0,
-                period=slots.get_next(datetime) - next_slot,
-            )
-    return statuses
 
 
 def _age(now, since) -> float:

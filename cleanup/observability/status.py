@@ -133,6 +133,7 @@ def policy_rows(now: datetime | None = None) -> list[dict]:
             },
             "backlog": {
                 "eligible_rows": health.eligible_rows,
+                "capped": health.eligible_at_least,  # counting stopped: at least that many
                 "oldest_eligible_since": (health.oldest_eligible_since.isoformat()
                                           if health.oldest_eligible_since else None),
                 "oldest_age_seconds": None if age is None else round(age.total_seconds(), 3),

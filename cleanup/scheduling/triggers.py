@@ -20,10 +20,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from croniter import croniter
-from django.db.models import Max
 from django.utils import timezone
 
-from cleanup.engine.transport import lease
 from cleanup.models import Run, ScheduleInstall, Slot
 
 
@@ -55,33 +53,19 @@ def record_install(policy: str, cron: str) -> None:
     )
 
 
-def schedule_lag(policy: str, cron: str, now: datetime) -> Lag:
-    """Seconds since the first slot after the scheduler's last firing fell due.
+def lag_since(instants: list[datetime | None], cron: str, now: datetime) -> Lag:
+    """How long ago the first slot after the latest of ``instants`` (the installation,
+    the last firing; None where there is none) fell due.
 
-    Counted from the later of the last firing and the installation, so a schedule
-    just installed has missed nothing until its first slot is due, and a scheduler
-    that restarts (firing the slot it missed, then skipping to the next one:
+    So a schedule just installed has missed nothing until its first slot is due, and a
+    scheduler that restarts (firing the slot it missed, then skipping to the next one:
     ``catch_up`` is off) is on time again at once.
     """
-    installed = ScheduleInstall.objects.filter(policy=policy).first()
-    last_fired = Slot.objects.filter(policy=policy).aggregate(last=Max("fired_at"))["last"]
-    return lag_since([installed and installed.installed_at, last_fired], cron, now)
-
-
-def lag_since(instants: list[datetime | None], cron: str, now: datetime) -> Lag:
-    """The lag counted from the latest of ``instants`` (the installation, the last
-    firing; None where there is none)."""
     known = [t for t in instants if t is not None]
     if not known:
         return Lag(None, timedelta(0))
     expected = croniter(cron, max(known)).get_next(datetime)
     return Lag(expected, max(now - expected, timedelta(0)))
-
-
-def undispatched(policy: str, now: datetime) -> int:
-    """Slots that fired longer than a lease ago and that no worker has dispatched."""
-    return Slot.objects.filter(policy=policy, outcome=Slot.Outcome.FIRED,
-                               fired_at__lt=now - lease()).count()
 
 
 def period(cron: str, now: datetime) -> timedelta:

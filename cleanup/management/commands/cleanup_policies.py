@@ -35,8 +35,10 @@ class Command(CleanupCommand):
                 lines.append("  backlog   unknown: not counted within "
                              f"{number(BACKLOG_BUDGET_MS)} ms (is its table locked?)")
             elif backlog["eligible_rows"]:
-                lines.append(f"  backlog   {count(backlog['eligible_rows'], 'row')} eligible, "
-                             f"the oldest waiting {duration(backlog['oldest_age_seconds'] or 0)}")
+                least = "at least " if backlog["capped"] else ""
+                lines.append(f"  backlog   {least}{count(backlog['eligible_rows'], 'row')} "
+                             "eligible, the oldest waiting "
+                             f"{duration(backlog['oldest_age_seconds'] or 0)}")
             else:
                 lines.append("  backlog   none")
             if policy["dead_letters"]:
