@@ -42,7 +42,6 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     "register_handler": ("cleanup.outbox", "register"),
     "publish": ("cleanup.outbox", "publish"),
     "events_on_delete": ("cleanup.outbox.triggers", "events_on_delete"),
-    "events_on_update": ("cleanup.outbox.triggers", "events_on_update"),
     # For a host's own commands, pages and metrics, in the engine's manner.
     "engine_settings": ("cleanup.conf", "conf"),
     "CleanupCommand": ("cleanup.management.base", "CleanupCommand"),

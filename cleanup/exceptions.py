@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import traceback
+from dataclasses import dataclass
 
 
 class CleanupError(Exception):
@@ -109,6 +110,16 @@ def operator_reason(reason: object, whose: str, *, missing: str) -> str:
         raise CleanupError(f"{whose} reason must be one line of printable text; it holds "
                            f"{unprintable!r}")
     return reason
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """What an operator's action on chunks, runs or events did: how many rows it changed,
+    how many it left alone (not in a state it applies to), and the pks of those changed."""
+
+    done: int
+    skipped: int
+    affected: tuple = ()
 
 
 class LeaseLost(CleanupError):

@@ -7,8 +7,11 @@ from datetime import datetime
 from cleanup.engine import reconcile, window
 from cleanup.engine.worker import apply_chunk as apply_chunk_message
 from cleanup.observability import counters, health
-from cleanup.outbox import tasks as outbox_tasks
+from cleanup.outbox import publish
 from cleanup.scheduling.schedules import dispatch_slot
+
+# Events one publish_events task delivers at most; the next scheduled task takes the rest.
+PUBLISH_BATCH = 1_000
 
 
 def apply_chunk(message) -> str:
@@ -39,7 +42,7 @@ def fold_counters() -> int:
 
 def publish_events() -> dict[str, int]:
     """Deliver the outbox's pending events that are due (at most a batch of them)."""
-    return outbox_tasks.publish_events()
+    return publish(PUBLISH_BATCH).as_dict()
 
 
 def heartbeat() -> int:

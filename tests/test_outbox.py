@@ -23,11 +23,11 @@ from cleanup.outbox import (
     OutsideTransaction,
     discard,
     emit,
+    events,
     publish,
     register,
     registered,
     requeue,
-    totals,
 )
 from cleanup.outbox.publisher import CANDIDATES, backoff
 from tests.conftest import ROOT, subprocess_env, wait_for
@@ -184,7 +184,7 @@ def test_a_crash_after_marking_delivered_before_commit_leaves_neither():
 
     def crash_after_delivered(execute, sql, params, many, context):
         result = execute(sql, params, many, context)
-        if sql == totals.DELIVER:
+        if sql == events.DELIVER:
             raise Crash
         return result
 
@@ -492,7 +492,7 @@ def test_the_command_refuses_a_bad_limit_and_changes_nothing(limit):
 
 
 def test_the_task_publishes_and_returns_the_counts():
-    from cleanup.outbox.tasks import publish_events
+    from cleanup.tasks import publish_events
 
     emitted()
     with registered(**{"seat.freed": record_effect}):

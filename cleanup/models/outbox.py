@@ -90,7 +90,7 @@ class Event(models.Model):
 
 class EventTotal(models.Model):
     """How many events of one name were delivered, or discarded, ever: counted in the
-    transaction that settles each (cleanup.outbox.totals), so /metrics reads these few
+    transaction that settles each (cleanup.outbox.events), so /metrics reads these few
     rows however many events are kept, and totals never go down when the purge takes
     the events."""
 

@@ -4,7 +4,7 @@ and how many were delivered, discarded or are dead.
 The waiting ones are read through the partial index of pending events
 (``event_pending_by_key`` and ``event_pending_unordered``), the dead ones through
 ``event_dead``, and the totals are EventTotal's rows, counted as each event settled
-(cleanup.outbox.totals): a scrape never counts the delivered events the outbox keeps
+(cleanup.outbox.events): a scrape never counts the delivered events the outbox keeps
 for ``CLEANUP_EVENT_RETENTION_DAYS``. Each read is bounded like the backlogs'
 (``Budget``): past it the figures are left out of the scrape, unknown, never 0.
 """

@@ -5,10 +5,10 @@ own transaction. Dead events are requeued or discarded by an operator."""
 
 from cleanup.outbox.emitting import BadEvent, OutsideTransaction, emit
 from cleanup.outbox.handlers import register, registered
-from cleanup.outbox.operations import EventAction, discard, requeue
+from cleanup.outbox.operations import discard, requeue
 from cleanup.outbox.publisher import PublishResult, publish
 
 __all__ = [
-    "BadEvent", "EventAction", "OutsideTransaction", "PublishResult",
-    "discard", "emit", "publish", "register", "registered", "requeue",
+    "BadEvent", "OutsideTransaction", "PublishResult", "discard", "emit", "publish",
+    "register", "registered", "requeue",
 ]

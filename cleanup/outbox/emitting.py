@@ -14,21 +14,13 @@ from django.db import connections, router
 from cleanup.conf import conf
 from cleanup.exceptions import CleanupError
 from cleanup.models import Event
+from cleanup.outbox import events
 
 # The range of the integer column chunk_id.
 PG_INTEGER = range(-2_147_483_648, 2_147_483_648)
 # A NUL escaped in JSON text (not an escaped backslash followed by "u0000"): PostgreSQL's
 # jsonb refuses it, as its text refuses the NUL itself.
 ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-
-INSERT = """
-INSERT INTO cleanup_event (name, "key", ordering_key, payload, state, attempts,
-                           available_at, created_at, last_error, cause, reason, source,
-                           run_id, chunk_id)
-VALUES (%s, %s, %s, %s::jsonb, 'pending', 0, now(), now(), '', '', '', %s, %s, %s)
-ON CONFLICT (name, "key") DO NOTHING
-RETURNING id
-"""
 
 
 class OutsideTransaction(CleanupError):
@@ -53,8 +45,7 @@ def emit(name: str, key: str, payload: Any = None, *, ordering_key: str = "",
     is given, else ``host``. Every value is checked before any SQL (``BadEvent``), so a
     refused event leaves the caller's transaction as it was.
     """
-    connection = connections[router.db_for_write(Event)]
-    if not connection.in_atomic_block:
+    if not connections[router.db_for_write(Event)].in_atomic_block:
         raise OutsideTransaction(
             f"emit({name!r}, {key!r}) needs the transaction of the change it reports: call "
             "it inside transaction.atomic(), beside the write")
@@ -70,9 +61,7 @@ def emit(name: str, key: str, payload: Any = None, *, ordering_key: str = "",
         source = "host" if run_id is None else f"run {run_id} chunk {chunk_id}"
     _require(source, "source", Event._meta.get_field("source").max_length)
     document = _document(name, {} if payload is None else payload)
-    with connection.cursor() as cursor:
-        cursor.execute(INSERT, [name, key, ordering_key, document, source, run_id, chunk_id])
-        return cursor.fetchone() is not None
+    return events.insert(name, key, ordering_key, document, source, run_id, chunk_id)
 
 
 def event_name(name: Any) -> str:

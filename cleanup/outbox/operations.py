@@ -6,42 +6,35 @@ changes nothing more, and each says which events it changed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 
 from django.db import transaction
-from django.db.models.functions import Now
 
-from cleanup.exceptions import CleanupError, operator_reason
+from cleanup.exceptions import ActionResult, CleanupError, operator_reason
 from cleanup.models import Event
-from cleanup.outbox import totals
+from cleanup.outbox import events
 
 # The range of the event's bigserial id.
 EVENT_IDS = range(1, 2**63)
 
 
-@dataclass(frozen=True)
-class EventAction:
-    done: int
-    skipped: int  # named, but not dead (delivered, pending, discarded, or no such event)
-    affected: tuple[int, ...] = ()
-
-
-def requeue(ids: Iterable[int]) -> EventAction:
+def requeue(ids: Iterable[int]) -> ActionResult:
     """Dead → pending, available now, attempts kept: one more failure makes it dead
     again. It no longer waits for its ordering key's later events, delivered meanwhile."""
-    return _move(ids, state=Event.State.PENDING, available_at=Now(), settled_at=None)
+    return _move(ids, events.dead_to_pending)
 
 
-def discard(ids: Iterable[int], reason: str) -> EventAction:
+def discard(ids: Iterable[int], reason: str) -> ActionResult:
     """Dead → discarded: given up on for good, with the operator's reason (one line of
     printable text, as a pause's)."""
     reason = operator_reason(reason, "an event's discard",
                              missing="a reason is required to discard an event")
-    return _move(ids, state=Event.State.DISCARDED, reason=reason, settled_at=Now())
+    return _move(ids, lambda dead: events.dead_to_discarded(dead, reason))
 
 
-def _move(ids: Iterable[int], **changes) -> EventAction:
+def _move(ids: Iterable[int], write: Callable[[list[int]], None]) -> ActionResult:
+    """``write`` the events of ``ids`` that are dead; skipped, the others (delivered,
+    pending, discarded, or no such event)."""
     ids = list(ids)
     if wrong := [pk for pk in ids if not _event_id(pk)]:
         # Before any SQL: a value out of the column's range aborts the caller's transaction.
@@ -52,10 +45,8 @@ def _move(ids: Iterable[int], **changes) -> EventAction:
         # Locked in id order, so two operators' actions never deadlock.
         dead = list(Event.objects.select_for_update().filter(pk__in=ids, state=Event.State.DEAD)
                     .order_by("id").values_list("pk", flat=True))
-        Event.objects.filter(pk__in=dead, state=Event.State.DEAD).update(**changes)
-        if changes["state"] == Event.State.DISCARDED:
-            totals.count_settled(dead, Event.State.DISCARDED)
-    return EventAction(len(dead), len(ids) - len(dead), tuple(dead))
+        write(dead)
+    return ActionResult(len(dead), len(ids) - len(dead), tuple(dead))
 
 
 def _event_id(pk: object) -> bool:

@@ -30,12 +30,11 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.db import connections, router, transaction
-from django.db.models.functions import Now
 
 from cleanup.conf import conf
 from cleanup.exceptions import CleanupError, cause_of, traceback_of
 from cleanup.models import Event
-from cleanup.outbox import totals
+from cleanup.outbox import events
 from cleanup.outbox.handlers import handler_for
 
 logger = logging.getLogger(__name__)
@@ -157,17 +156,6 @@ def database_now() -> datetime:
         return cursor.fetchone()[0]
 
 
-# The record of a call, written before its handler runs: when it began (the database's
-# clock unless a time is given), and no other publisher takes the event before the
-# back-off this call would earn by failing. One statement, returning what it wrote.
-BEGIN_CALL = """
-UPDATE cleanup_event
-SET call_started_at = coalesce(%(now)s, clock_timestamp()),
-    available_at = coalesce(%(now)s, clock_timestamp()) + %(backoff)s
-WHERE id = %(id)s
-RETURNING call_started_at, available_at
-"""
-
 # The event again, locked for the handler's transaction, if it is still this call's;
 # the same statement bounds that transaction, for it alone (a pooled server connection
 # keeps none of it): a publisher that freezes holding the event (and so its ordering
@@ -262,16 +250,13 @@ def _begin_call(candidates: list[int], horizon: datetime,
             return None
         if event.call_started_at is not None:
             cause = NEVER_RETURNED.format(started=event.call_started_at.astimezone(UTC))
-            changes = {"attempts": event.attempts + 1, "cause": cause, "last_error": cause}
-            if changes["attempts"] >= conf.EVENT_MAX_ATTEMPTS:
-                _dead_letter(event, changes)
+            if event.attempts + 1 >= conf.EVENT_MAX_ATTEMPTS:
+                _dead_letter(event, cause, cause)
                 return event
-            Event.objects.filter(pk=event.pk).update(**changes)
-            event.attempts = changes["attempts"]
-        with connections[router.db_for_write(Event)].cursor() as cursor:
-            cursor.execute(BEGIN_CALL, {"id": event.pk, "now": now,
-                                        "backoff": backoff(event.attempts + 1)})
-            event.call_started_at, event.available_at = cursor.fetchone()
+            events.count_lost_call(event, cause)
+            event.attempts += 1
+        event.call_started_at, event.available_at = events.begin_call(
+            event.pk, now, backoff(event.attempts + 1))
         return event
 
 
@@ -295,7 +280,7 @@ def _handle(event: Event, now: datetime | None) -> str:
             # Its savepoint could not be rolled back: the transaction it was in is over.
             raise LostTransaction(_lost_cause(exc, error), error) from exc
         return _record_failure(event, _failure_cause(exc, error), error, now)
-    if not totals.deliver(event.pk):  # not under the row lock; never commit effects alone
+    if not events.to_delivered(event.pk):  # not under the row lock; never commit effects alone
         raise CleanupError(f"event {event.pk} was no longer pending when delivered")
     return DELIVERED
 
@@ -349,20 +334,16 @@ def _record_lost_call(event: Event, lost: LostTransaction, now: datetime | None)
 def _record_failure(event: Event, cause: str, error: str, now: datetime | None, *,
                     dead: bool = False) -> str:
     attempts = event.attempts + 1
-    changes = {"attempts": attempts, "cause": cause, "last_error": error}
     if dead or attempts >= conf.EVENT_MAX_ATTEMPTS:
-        _dead_letter(event, changes)
+        _dead_letter(event, cause, error)
         return DEAD
-    changes |= {"available_at": (now or database_now()) + backoff(attempts),
-                "call_started_at": None}
-    Event.objects.filter(pk=event.pk, state=PENDING, attempts=event.attempts).update(**changes)
+    events.to_retrying(event, cause, error, (now or database_now()) + backoff(attempts))
     return FAILED
 
 
-def _dead_letter(event: Event, changes: dict) -> None:
-    """Make the (locked, pending) event dead with ``changes`` (its attempts and cause)."""
+def _dead_letter(event: Event, cause: str, error: str) -> None:
+    """Make the (locked, pending) event dead, its last attempt counted with its cause."""
     logger.warning("event %s %s %s dead-lettered after %s attempt(s): %s",
-                   event.pk, event.name, event.key, changes["attempts"], changes["cause"])
-    changes |= {"state": Event.State.DEAD, "settled_at": Now(), "call_started_at": None}
-    Event.objects.filter(pk=event.pk, state=PENDING, attempts=event.attempts).update(**changes)
+                   event.pk, event.name, event.key, event.attempts + 1, cause)
+    events.to_dead(event, cause, error)
     event.state = Event.State.DEAD

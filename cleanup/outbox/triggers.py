@@ -1,6 +1,6 @@
 """Events written by the database from a statement's own rows: a statement-level
-trigger that reads the transition table of a DELETE (or UPDATE) and inserts one event
-per row into the outbox, in the statement's transaction.
+trigger that reads the transition table of a DELETE and inserts one event per row into
+the outbox, in the statement's transaction.
 
 A chunk stays one ORM statement with its whole predicate (invariant 2), and the events
 its rows cause commit with it or not at all; a chunk delivered twice deletes nothing
@@ -20,14 +20,15 @@ and ``drop_sql``::
                              payload="jsonb_build_object('hold_id', gone.id)",
                              when="gone.status = 'held'"))
 
-Every expression is SQL over ``gone``, the statement's old rows (for an UPDATE, ``new``
-is there too). They are the host's own text, written in its migration, never input.
+Every expression is SQL over ``gone``, the statement's deleted rows. They are the host's
+own text, written in its migration, never input.
 """
 
 from __future__ import annotations
 
 import re
 
+from cleanup.outbox import events
 from cleanup.outbox.emitting import event_name
 
 # The settings a chunk's transaction sets (cleanup.engine.worker.bound_transaction).
@@ -43,48 +44,27 @@ def events_on_delete(table: str, event: str, *, key: str, payload: str,
                      name: str | None = None) -> tuple[str, str]:
     """The SQL that installs (and the SQL that drops) a trigger writing one ``event``
     per row a DELETE on ``table`` removes (those for which ``when`` holds)."""
-    return _events(table, event, "DELETE", key=key, payload=payload,
-                   ordering_key=ordering_key, when=when, name=name,
-                   referencing="OLD TABLE AS gone_rows", rows="gone_rows AS gone")
-
-
-def events_on_update(table: str, event: str, *, key: str, payload: str,
-                     ordering_key: str = "''", when: str = "true",
-                     name: str | None = None, pk: str = "id") -> tuple[str, str]:
-    """The same for an UPDATE: ``gone`` is each row before it, ``new`` after it."""
-    return _events(table, event, "UPDATE", key=key, payload=payload,
-                   ordering_key=ordering_key, when=when, name=name,
-                   referencing="OLD TABLE AS gone_rows NEW TABLE AS new_rows",
-                   rows=f"gone_rows AS gone JOIN new_rows AS new USING ({pk})")
-
-
-def _events(table: str, event: str, operation: str, *, key: str, payload: str,
-            ordering_key: str, when: str, name: str | None, referencing: str,
-            rows: str) -> tuple[str, str]:
-    name = name or f"{table}_{operation.lower()}_events"
+    name = name or f"{table}_delete_events"
     if not _NAME.match(table) or not _NAME.match(name):
         raise ValueError(f"table and trigger names are lower-case identifiers: {table!r}, "
                          f"{name!r}")
     # emit's rule for a name, checked before the migration runs any SQL (BadEvent).
     event_text = event_name(event).replace("'", "''")
+    insert = events.insert_per_row(
+        "gone_rows AS gone", when,
+        name=f"'{event_text}'", key=key, ordering_key=ordering_key, payload=payload,
+        # A chunk's transaction names itself; any other is the host's.
+        source=f"coalesce(nullif(current_setting('{SOURCE}', true), ''), 'host')",
+        run_id=f"nullif(current_setting('{RUN_ID}', true), '')::uuid",
+        chunk_id=f"nullif(current_setting('{CHUNK_ID}', true), '')::integer")
     install = f"""
 CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO cleanup_event (name, "key", ordering_key, payload, state, attempts,
-                               available_at, created_at, last_error, cause, reason,
-                               source, run_id, chunk_id)
-    SELECT '{event_text}', {key}, {ordering_key}, {payload}, 'pending', 0, now(), now(),
-           '', '', '', coalesce(nullif(current_setting('{SOURCE}', true), ''), 'host'),
-           nullif(current_setting('{RUN_ID}', true), '')::uuid,
-           nullif(current_setting('{CHUNK_ID}', true), '')::integer
-    FROM {rows}
-    WHERE {when}
-    ORDER BY 3, 2  -- one order for every statement: concurrent inserts never deadlock
-    ON CONFLICT (name, "key") DO NOTHING;
+{insert};
     RETURN NULL;
 END $$;
-CREATE TRIGGER {name} AFTER {operation} ON {table}
-    REFERENCING {referencing} FOR EACH STATEMENT EXECUTE FUNCTION {name}();
+CREATE TRIGGER {name} AFTER DELETE ON {table}
+    REFERENCING OLD TABLE AS gone_rows FOR EACH STATEMENT EXECUTE FUNCTION {name}();
 """
     drop = f"DROP TRIGGER IF EXISTS {name} ON {table}; DROP FUNCTION IF EXISTS {name}();"
     return install, drop
