@@ -13,7 +13,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from cleanup.engine import failing, operations
+from cleanup.engine import halts, operations
 from cleanup.engine.dispatch import dispatch
 from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk, Halt, Run
@@ -169,4 +169,4 @@ def test_weighing_a_dead_letter_takes_two_statements(backlog, django_assert_num_
     run = dispatch(POLICY).run
     # The run's policy, its failing halt and its last resume in one; its last chunks.
     with django_assert_num_queries(2):
-        assert failing.weigh(run.pk) is None
+        assert halts.weigh_failing(run.pk) is None

@@ -16,14 +16,12 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from cleanup.engine import halts, operations
-from cleanup.engine.dispatch import dispatch, dispatch_in_process
-from cleanup.engine.summary import describe_dispatch
+from cleanup.engine.dispatch import describe_dispatch, dispatch, dispatch_in_process
 from cleanup.engine.worker import Outcome, apply_chunk
 from cleanup.exceptions import CleanupError
 from cleanup.models import Chunk, Halt, Run
-from cleanup.observability.overview import banner, policy_overview
+from cleanup.observability.overview import banner, overview
 from cleanup.observability.status import run_summary
-from cleanup.policies import get_policy
 from tests.engine_app.factories import LeaseFactory
 from tests.engine_app.models import Lease
 from tests.test_metrics import scrape
@@ -123,7 +121,7 @@ def test_the_overview_and_metrics_show_the_halt_and_the_time_halted(backlog, cli
     Halt.objects.filter(pk=halt.pk).update(began_at=timezone.now() - timedelta(minutes=3))
     now = timezone.now()
 
-    alerts = banner([policy_overview(get_policy(POLICY), now)], [{"taking_work": True}])
+    alerts = banner([h for h in overview(now) if h.policy == POLICY], [{"taking_work": True}])
     halted = [alert for alert in alerts if alert.kind == "halted"]
     assert len(halted) == 1 and halted[0].detail.startswith("paused 3 min by alice: maintenance")
 

@@ -12,9 +12,8 @@ from django.db import connection, transaction
 from django_q.models import OrmQ
 
 from cleanup.engine import pressure, sizing, window
-from cleanup.engine.dispatch import dispatch
+from cleanup.engine.dispatch import describe_dispatch, dispatch
 from cleanup.engine.pressure import Level, Signal
-from cleanup.engine.summary import describe_dispatch
 from cleanup.engine.worker import Outcome, apply_chunk, bound_transaction
 from cleanup.models import Chunk, Halt, Run
 from cleanup.observability.status import run_summary

@@ -4,6 +4,10 @@ operator acted from, with what they did and what they left alone."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django import forms
 from django.contrib import messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
@@ -15,10 +19,26 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import ngettext
 
 from cleanup.console.parameters import CheckedRequestsAdmin
+from cleanup.engine.replay import replay
+from cleanup.exceptions import ActionResult, CleanupError
 
 
 def actor(request) -> str:
     return f"admin:{request.user.get_username()}"
+
+
+@dataclass(frozen=True)
+class Action:
+    """What one confirmed action is called, asks and says (``ConfirmedActionsAdmin.act``)."""
+
+    name: str  # the action's own name: the confirmation page posts it back
+    title: str
+    question: str
+    done: tuple[str, str]  # singular and plural, with %(count)d
+    skipped: str = ""  # what was left alone, with %(count)d; "" says nothing of it
+    skipped_plural: str = ""  # where it differs from the singular
+    logged: str = ""  # the admin log's entry for each row changed, with the form's fields
+    form: type[forms.Form] | None = None  # asked on the confirmation page (a reason)
 
 
 class ConfirmedActionsAdmin(CheckedRequestsAdmin):
@@ -31,14 +51,56 @@ class ConfirmedActionsAdmin(CheckedRequestsAdmin):
             raise PermissionDenied
         return super().changelist_view(request, extra_context)
 
-    def report(self, request, result, done: str, done_plural: str, skipped: str) -> None:
+    def act(self, request, queryset, action: Action,
+            operate: Callable[[object, dict], ActionResult]):
+        """Confirm, call the operation on the selection with what the form asked, log each
+        row it changed, report what it did and left alone, and go back to where the
+        operator acted from. An operation's refusal is reported instead, nothing changed."""
+        form = action.form(request.POST if "reason" in request.POST else None) \
+            if action.form else None
+        if not self.confirmed(request, queryset) or (form is not None and not form.is_valid()):
+            return self.confirmation(request, queryset, action.name, action.title,
+                                     action.question, form=form)
+        given = form.cleaned_data if form is not None else {}
+        try:
+            result = operate(queryset, given)
+        except CleanupError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return self.back_to_where_they_were(request)
+        for row in self.changed_rows(result.affected):
+            self.log_change(request, row, action.logged % given)
+        self.report(request, result, action)
+        return self.back_to_where_they_were(request)
+
+    def changed_rows(self, pks):
+        """The rows an action changed, read for their admin log entries."""
+        return self.model._default_manager.filter(pk__in=pks)
+
+    def replay_each(self, request, selection: dict, logged: Callable[[object], str]
+                    ) -> ActionResult:
+        """Replay each run's selected chunks: a run refused is told why and left out, the
+        others still go; each run replayed is logged (it changes no row of this list)."""
+        resent = skipped = 0
+        for run_id, chunk_ids in selection.items():
+            try:
+                result = replay(run_id, chunk_ids=chunk_ids)
+            except CleanupError as exc:  # refused, and said why: nothing sent for it
+                self.message_user(request, str(exc), messages.ERROR)
+                continue
+            resent, skipped = resent + result.resent, skipped + result.skipped
+            self.log_change(request, result.run, logged(chunk_ids))
+        return ActionResult(resent, skipped)
+
+    def report(self, request, result: ActionResult, action: Action) -> None:
         """Tell the operator what an action did and what it left alone."""
         self.message_user(
-            request, ngettext(done, done_plural, result.done) % {"count": result.done},
+            request, ngettext(*action.done, result.done) % {"count": result.done},
             messages.SUCCESS if result.done else messages.WARNING,
         )
-        if result.skipped:
-            self.message_user(request, skipped % {"count": result.skipped}, messages.WARNING)
+        if result.skipped and action.skipped:
+            self.message_user(request, ngettext(
+                action.skipped, action.skipped_plural or action.skipped, result.skipped)
+                % {"count": result.skipped}, messages.WARNING)
 
     def confirmation(self, request, queryset, action: str, title: str, question: str,
                      form=None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -13,13 +13,11 @@ from django.utils.html import format_html
 
 from cleanup import display
 from cleanup.console import triage
-from cleanup.console.actions import actor
+from cleanup.console.actions import Action, actor
 from cleanup.console.badges import state_badge
 from cleanup.console.base import LedgerAdmin, count_field, runs_by_short_id, shorten
 from cleanup.console.forms import DiscardForm
 from cleanup.engine import operations
-from cleanup.engine.replay import replay
-from cleanup.exceptions import CleanupError
 from cleanup.models import Chunk
 from cleanup.observability import blockers, waits
 
@@ -196,62 +194,45 @@ class ChunkAdmin(LedgerAdmin):
     @admin.action(description="Replay selected chunks (committed ones become no-ops)",
                   permissions=["replay"])
     def replay_chunks(self, request, queryset):
-        if not self.confirmed(request, queryset):
-            return self.confirmation(
-                request, queryset, "replay_chunks", "Replay chunks",
-                "Each selected chunk is sent again with its run's own cutoff. Committed "
-                "chunks turn into no-ops; dead-lettered ones are requeued.")
-        # Exactly the chunks selected, grouped by run: without the model's ordering,
-        # which would join the run into the query.
-        selected: dict = {}
-        for run_id, chunk_id in queryset.order_by().values_list("run_id", "chunk_id"):
-            selected.setdefault(run_id, []).append(chunk_id)
-        resent = skipped = 0
-        for run_id, chunk_ids in selected.items():
-            try:
-                result = replay(run_id, chunk_ids=chunk_ids)
-            except CleanupError as exc:
-                self.message_user(request, str(exc), messages.ERROR)
-                continue
-            resent, skipped = resent + result.resent, skipped + result.skipped
-            self.log_change(request, result.run, f"Replayed chunks {sorted(chunk_ids)}")
-        self.report(request, operations.ActionResult(resent, skipped),
-                    "%(count)d chunk re-sent.", "%(count)d chunks re-sent.",
-                    "%(count)d discarded or cancelled chunks were left alone.")
-        return self.back_to_where_they_were(request)
+        def replay_by_run(chunks, _):
+            # Exactly the chunks selected, grouped by run: without the model's ordering,
+            # which would join the run into the query.
+            selected: dict = {}
+            for run_id, chunk_id in chunks.order_by().values_list("run_id", "chunk_id"):
+                selected.setdefault(run_id, []).append(chunk_id)
+            return self.replay_each(request, selected,
+                                    lambda chunk_ids: f"Replayed chunks {sorted(chunk_ids)}")
+        return self.act(request, queryset, Action(
+            "replay_chunks", "Replay chunks",
+            "Each selected chunk is sent again with its run's own cutoff. Committed "
+            "chunks turn into no-ops; dead-lettered ones are requeued.",
+            done=("%(count)d chunk re-sent.", "%(count)d chunks re-sent."),
+            skipped="%(count)d discarded or cancelled chunks were left alone."),
+            replay_by_run)
 
     @admin.action(description="Requeue selected dead-lettered chunks", permissions=["requeue"])
     def requeue_chunks(self, request, queryset):
-        if not self.confirmed(request, queryset):
-            return self.confirmation(
-                request, queryset, "requeue_chunks", "Requeue chunks",
-                "Each dead-lettered chunk goes back to the queue with its run's own cutoff, "
-                "its run reopens, and the poison limit counts afresh. Other chunks are left "
-                "alone.")
-        result = operations.requeue([c.pk for c in queryset], actor=actor(request))
-        for chunk in Chunk.objects.filter(pk__in=result.affected):
-            self.log_change(request, chunk, "Requeued")
-        self.report(request, result, "%(count)d chunk requeued.", "%(count)d chunks requeued.",
-                    "%(count)d chunks were not dead-lettered (or their run was cancelled) "
-                    "and were left alone.")
-        return self.back_to_where_they_were(request)
+        return self.act(request, queryset, Action(
+            "requeue_chunks", "Requeue chunks",
+            "Each dead-lettered chunk goes back to the queue with its run's own cutoff, "
+            "its run reopens, and the poison limit counts afresh. Other chunks are left "
+            "alone.",
+            done=("%(count)d chunk requeued.", "%(count)d chunks requeued."),
+            skipped="%(count)d chunks were not dead-lettered (or their run was cancelled) "
+                    "and were left alone.", logged="Requeued"),
+            lambda chunks, _: operations.requeue([c.pk for c in chunks],
+                                                 actor=actor(request)))
 
     @admin.action(description="Discard selected dead-lettered chunks", permissions=["discard"])
     def discard_chunks(self, request, queryset):
-        form = DiscardForm(request.POST if "reason" in request.POST else None)
-        if not self.confirmed(request, queryset) or not form.is_valid():
-            return self.confirmation(
-                request, queryset, "discard_chunks", "Discard chunks",
-                "Only dead-lettered chunks are discarded; no delivery will retry them.",
-                form=form)
-        result = operations.discard([c.pk for c in queryset], form.cleaned_data["reason"],
-                                    actor=actor(request))
-        for chunk in Chunk.objects.filter(pk__in=result.affected):
-            self.log_change(request, chunk, f"Discarded: {form.cleaned_data['reason']}")
-        self.report(request, result, "%(count)d chunk discarded.",
-                    "%(count)d chunks discarded.",
-                    "%(count)d chunks were not dead-lettered and were left alone.")
-        return self.back_to_where_they_were(request)
+        return self.act(request, queryset, Action(
+            "discard_chunks", "Discard chunks",
+            "Only dead-lettered chunks are discarded; no delivery will retry them.",
+            done=("%(count)d chunk discarded.", "%(count)d chunks discarded."),
+            skipped="%(count)d chunks were not dead-lettered and were left alone.",
+            logged="Discarded: %(reason)s", form=DiscardForm),
+            lambda chunks, given: operations.discard([c.pk for c in chunks], given["reason"],
+                                                     actor=actor(request)))
 
     def get_urls(self):
         return [

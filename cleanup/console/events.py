@@ -19,9 +19,10 @@ from django.utils.translation import ngettext
 
 from cleanup import display, outbox
 from cleanup.conf import conf
+from cleanup.console.actions import Action
 from cleanup.console.base import LedgerAdmin, shorten
 from cleanup.console.forms import DiscardForm
-from cleanup.exceptions import CleanupError
+from cleanup.exceptions import ActionResult
 from cleanup.models import Chunk, Event
 
 # Each state's badge: the chunk state's colour it shares (cleanup/static/cleanup/
@@ -357,44 +358,38 @@ class EventAdmin(LedgerAdmin):
 
     @admin.action(description="Requeue selected dead events", permissions=["requeue"])
     def requeue_events(self, request, queryset):
-        if not self.confirmed(request, queryset):
-            return self.confirmation(
-                request, queryset, "requeue_events", "Requeue events",
-                "Each dead event goes back to pending, taken by the publisher's next run, "
-                "its attempts kept: one more failure makes it dead again. Events that are "
-                "not dead are left alone.")
-        return self._move(request, queryset, outbox.requeue, "Requeued",
-                          "%(count)d event requeued.", "%(count)d events requeued.")
+        return self.act(request, queryset, Action(
+            "requeue_events", "Requeue events",
+            "Each dead event goes back to pending, taken by the publisher's next run, "
+            "its attempts kept: one more failure makes it dead again. Events that are "
+            "not dead are left alone.",
+            done=("%(count)d event requeued.", "%(count)d events requeued."),
+            **LEFT_ALONE, logged="Requeued"),
+            lambda events, _: dead_ones(events, outbox.requeue))
 
     @admin.action(description="Discard selected dead events", permissions=["discard"])
     def discard_events(self, request, queryset):
-        form = EventDiscardForm(request.POST if "reason" in request.POST else None)
-        if not self.confirmed(request, queryset) or not form.is_valid():
-            return self.confirmation(
-                request, queryset, "discard_events", "Discard events",
-                "Only dead events are discarded: their handlers will not be called again. "
-                "Other events are left alone.", form=form)
-        reason = form.cleaned_data["reason"]
-        return self._move(request, queryset, lambda ids: outbox.discard(ids, reason),
-                          f"Discarded: {reason}", "%(count)d event discarded.",
-                          "%(count)d events discarded.")
+        return self.act(request, queryset, Action(
+            "discard_events", "Discard events",
+            "Only dead events are discarded: their handlers will not be called again. "
+            "Other events are left alone.",
+            done=("%(count)d event discarded.", "%(count)d events discarded."),
+            **LEFT_ALONE, logged="Discarded: %(reason)s", form=EventDiscardForm),
+            lambda events, given: dead_ones(
+                events, lambda ids: outbox.discard(ids, given["reason"])))
 
-    def _move(self, request, queryset, move, logged: str, done: str, done_plural: str):
-        """Move the selection's dead events; count the others as left alone."""
-        selected = queryset.count()
-        # Only dead events can move: the others are counted, not read (selecting across
-        # a filter can hold thousands of delivered ones).
-        dead = queryset.filter(state=Event.State.DEAD).values_list("pk", flat=True)
-        try:
-            result = move(list(dead))
-        except CleanupError as exc:
-            self.message_user(request, str(exc), messages.ERROR)
-            return self.back_to_where_they_were(request)
-        for event in Event.objects.filter(pk__in=result.affected).only("name", "key", "state"):
-            self.log_change(request, event, logged)
-        skipped = selected - result.done
-        self.report(request, outbox.EventAction(result.done, skipped, result.affected),
-                    done, done_plural, ngettext(
-                        "%(count)d event was not dead and was left alone.",
-                        "%(count)d events were not dead and were left alone.", skipped))
-        return self.back_to_where_they_were(request)
+    def changed_rows(self, pks):
+        return super().changed_rows(pks).only("name", "key", "state")
+
+
+LEFT_ALONE = {"skipped": "%(count)d event was not dead and was left alone.",
+              "skipped_plural": "%(count)d events were not dead and were left alone."}
+
+
+def dead_ones(events, move) -> ActionResult:
+    """Move the selection's dead events; count the others as left alone."""
+    selected = events.count()
+    # Only dead events can move: the others are counted, not read (selecting across a
+    # filter can hold thousands of delivered ones).
+    result = move(list(events.filter(state=Event.State.DEAD).values_list("pk", flat=True)))
+    return ActionResult(result.done, selected - result.done, result.affected)

@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.db.models import Count, F, Q, Sum
 from django.http import HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
-from django.utils.translation import ngettext
 from django.views.generic import RedirectView
 
 from cleanup import display
-from cleanup.console.actions import actor
+from cleanup.console.actions import Action, actor
 from cleanup.console.badges import SHORT_RUN_STATES, state_badge
 from cleanup.console.base import count_field, runs_by_short_id
 from cleanup.console.dispatching import DispatchPagesAdmin
 from cleanup.console.run_page import chunk_table, run_totals
 from cleanup.engine import frontier, operations, planning
-from cleanup.engine.replay import replay
-from cleanup.exceptions import CleanupError
 from cleanup.models import Chunk, Run
 from cleanup.observability import blockers
 
@@ -191,38 +188,27 @@ class RunAdmin(DispatchPagesAdmin):
     @admin.action(description="Replay selected runs with their own cutoff",
                   permissions=["replay"])
     def replay_runs(self, request, queryset):
-        if not self.confirmed(request, queryset):
-            return self.confirmation(
-                request, queryset, "replay_runs", "Replay runs",
-                "Every chunk of each selected run is sent again with the run's own cutoff: "
-                "committed ones turn into no-ops, dead-lettered ones are requeued, "
-                "discarded and cancelled ones stay as they are. A run re-sent before whose "
-                "chunks are still in flight is refused.")
-        resent = 0
-        for run in queryset:
-            try:
-                resent += replay(run.pk).resent
-            except CleanupError as exc:  # refused, and said why: nothing sent for it
-                self.message_user(request, str(exc), messages.ERROR)
-                continue
-            self.log_change(request, run, "Replayed with its own cutoff")
-        self.message_user(request, ngettext("%(count)s chunk re-sent.",
-                                            "%(count)s chunks re-sent.", resent)
-                          % {"count": display.number(resent)},
-                          messages.SUCCESS if resent else messages.WARNING)
+        return self.act(request, queryset, Action(
+            "replay_runs", "Replay runs",
+            "Every chunk of each selected run is sent again with the run's own cutoff: "
+            "committed ones turn into no-ops, dead-lettered ones are requeued, "
+            "discarded and cancelled ones stay as they are. A run re-sent before whose "
+            "chunks are still in flight is refused.",
+            done=("%(count)d chunk re-sent.", "%(count)d chunks re-sent.")),
+            lambda runs, _: self.replay_each(
+                request, {run.pk: operations.ALL_CHUNKS for run in runs},
+                lambda _: "Replayed with its own cutoff"))
 
     @admin.action(description="Cancel selected runs", permissions=["cancel"])
     def cancel_runs(self, request, queryset):
-        if not self.confirmed(request, queryset):
-            return self.confirmation(
-                request, queryset, "cancel_runs", "Cancel runs",
-                "Their unfinished chunks will be cancelled and later deliveries of them "
-                "will change nothing. Work already committed stays.")
-        result = operations.cancel([r.pk for r in queryset], actor=actor(request))
-        for run in Run.objects.filter(pk__in=result.affected):
-            self.log_change(request, run, "Cancelled")
-        self.report(request, result, "%(count)d run cancelled.", "%(count)d runs cancelled.",
-                    "%(count)d runs were not running and were left alone.")
+        return self.act(request, queryset, Action(
+            "cancel_runs", "Cancel runs",
+            "Their unfinished chunks will be cancelled and later deliveries of them "
+            "will change nothing. Work already committed stays.",
+            done=("%(count)d run cancelled.", "%(count)d runs cancelled."),
+            skipped="%(count)d runs were not running and were left alone.",
+            logged="Cancelled"),
+            lambda runs, _: operations.cancel([r.pk for r in runs], actor=actor(request)))
 
     def get_urls(self):
         """Django's redirect from a run's short URL (``run/<id>/``) to its page, keeping

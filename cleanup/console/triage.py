@@ -27,11 +27,6 @@ class DeadLetterGroup:
     policy: str | None = None  # the policy the groups were counted for, if only one
 
     @property
-    def failure_label(self) -> str:
-        return Chunk.FailureClass(self.failure_class).label if self.failure_class in \
-            Chunk.FailureClass.values else self.failure_class or "unclassified"
-
-    @property
     def chunks_url(self) -> str:
         """The chunk list filtered to exactly this group."""
         query = {"state": Chunk.State.DEAD_LETTERED, "failure_class": self.failure_class,

@@ -2,7 +2,7 @@
 
 An operator pauses a policy (``cleanup_pause``, cleanup.engine.operations), the
 database's pressure halts it (cleanup.engine.pressure: a standby replaying too far
-behind, a failing indicator), or its chunks mostly fail (cleanup.engine.failing).
+behind, a failing indicator), or its run's chunks mostly fail (``weigh_failing``).
 While a halt is open, topping up the window plans nothing for the policy's runs
 (cleanup.engine.window), a dispatch creates its run and says it is halted, and
 scheduled slots still coalesce into the run in flight. Chunks already sent finish;
@@ -12,24 +12,42 @@ signal clears, the window then refilling by itself.
 
 Every halt is kept, ended or not, with its reason, its figures and who began and ended
 it: the ledger of why a policy was not working. This module is its one writer: the
-pressure's halts here, the failing policy's (cleanup.engine.failing) and the operator's
-pause and resume (cleanup.engine.operations) through ``begin`` and ``end``.
+pressure's halts and the failing policy's here, the operator's pause and resume
+(cleanup.engine.operations) through ``begin`` and ``end``.
+
+A failing policy: a chunk that fails for good is dead-lettered and the run goes on, so
+one bad row never stops the work. But a predicate the database rejects, or a table
+locked for an hour, fails every chunk alike: the run would dead-letter chunk after chunk
+to the end of its backlog. So each dead letter weighs the run's last
+``CLEANUP_FAILING_CHUNKS`` ended chunks (committed or dead-lettered); once more than half
+of them were dead-lettered, the policy is halted with reason ``failing`` and the
+failures' most common cause. The run stays running where it stopped; the chunks in
+flight finish. Only an operator's resume ends the halt, and the chunks ended before it
+are not weighed again, so the run goes on from there and halts again only if it fails
+again.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import structlog
 from django.db import IntegrityError, transaction
+from django.db.models import Exists, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from cleanup.conf import conf
 from cleanup.display import duration
 from cleanup.engine.pressure import Level, Signal
-from cleanup.models import Halt
+from cleanup.models import Chunk, Halt, Run
 
 log = structlog.get_logger("cleanup.halts")
+failing_log = structlog.get_logger("cleanup.failing")  # the name operators filter on
+
+ENDED = (*Chunk.DONE, Chunk.State.DEAD_LETTERED)
 
 
 @dataclass(frozen=True)
@@ -65,6 +83,40 @@ def record_pressure(policy_name: str, signal: Signal) -> list[Halt]:
         log.warning("policy halted", policy=policy_name, reason=signal.reason,
                     detail=signal.detail)
     return halted
+
+
+def weigh_failing(run_id) -> Halt | None:
+    """After one of the run's chunks was dead-lettered, in the same transaction: halt
+    the run's policy if more than half of the run's last chunks were; return the halt
+    opened (None: it goes on, or it was halted for failing already)."""
+    # The run's policy, whether it is halted for failing now, and when it was last
+    # resumed from that: one statement (a dead letter's transaction stays short).
+    failing = Halt.objects.filter(policy=OuterRef("policy"), reason=Halt.FAILING)
+    run = Run.objects.filter(pk=run_id).values("policy").annotate(
+        halted=Exists(failing.filter(ended_at__isnull=True)),
+        resumed=Subquery(failing.filter(ended_at__isnull=False).order_by("-ended_at")
+                         .values("ended_at")[:1]),
+    ).get()
+    if run["halted"]:
+        return None
+    policy, resumed, weighed = run["policy"], run["resumed"], conf.FAILING_CHUNKS
+    chunks = Chunk.objects.filter(run_id=run_id, state__in=ENDED)
+    last = list(chunks.alias(ended_at=Coalesce("dead_lettered_at", "committed_at"))
+                .filter(**({"ended_at__gt": resumed} if resumed else {}))
+                .order_by("-ended_at").values_list("state", "cause")[:weighed])
+    causes = [cause for state, cause in last if state == Chunk.State.DEAD_LETTERED]
+    if len(causes) * 2 <= weighed:
+        return None
+    cause, alike = Counter(causes).most_common(1)[0]
+    detail = (f"run {run_id}: {len(causes)} of its last {len(last)} chunks were "
+              f"dead-lettered, {alike} of them for: {cause or 'no cause recorded'}")
+    halt = begin(policy, Halt.FAILING, detail=detail, cause=cause, value=len(causes),
+                 limit=weighed / 2, actor="engine")
+    if halt is None:
+        return None  # a chunk of another of its runs halted it a moment ago
+    failing_log.error("policy failing: halted until resumed", policy=policy, run_id=str(run_id),
+              dead_lettered=len(causes), weighed=len(last), cause=cause)
+    return halt
 
 
 def begin(policy_name: str, reason: str, *, detail: str, actor: str, cause: str = "",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import structlog
 from django.db import transaction
@@ -16,6 +15,7 @@ from django.db import transaction
 from cleanup.display import SHORT_ID_LENGTH, id_range, parse_id
 from cleanup.engine import halts, outcomes, transport, window
 from cleanup.exceptions import (
+    ActionResult,
     CleanupError,
     UnknownChunk,
     UnknownPolicy,
@@ -63,13 +63,6 @@ def latest_run() -> Run:
     if run is None:
         raise UnknownRun("(latest): no run yet")
     return run
-
-
-@dataclass(frozen=True)
-class ActionResult:
-    done: int
-    skipped: int
-    affected: tuple = ()  # pks of the rows the action changed
 
 
 class AllChunks:
@@ -175,7 +168,7 @@ def pause_policy(policy_name: str, reason: str, *, actor: str = "") -> halts.Hal
 
 
 def resume_policy(policy_name: str, *, actor: str = "") -> halts.HaltChange:
-    """End the policy's pause and its failing halt (cleanup.engine.failing), whichever
+    """End the policy's pause and its failing halt (cleanup.engine.halts), whichever
     are open, and top its window up now; a policy with neither is left as it is
     (``changed`` False, with its last pause if it had one). A policy no longer
     registered (removed by a deploy) has every open halt ended: nothing else would."""

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import structlog
 from django.db import transaction
 
-from cleanup.engine import failing, transitions, window
+from cleanup.engine import halts, transitions, window
 from cleanup.models import Chunk, Run
 from cleanup.policies import Policy, find_policy
 
@@ -42,13 +42,13 @@ def dead_lettered(chunk: Chunk, reason: str, failure_class: str, *, received: st
                 delivery: int | None = None) -> bool:
     """``transitions.to_dead_lettered`` in a savepoint with the top-up and the settling; False
     if the chunk had finished (a committed chunk is never dead-lettered). A run whose
-    chunks mostly fail halts its policy first (cleanup.engine.failing), so the top-up
+    chunks mostly fail halts its policy first (cleanup.engine.halts), so the top-up
     plans nothing more of it."""
     with transaction.atomic():
         dead = transitions.to_dead_lettered(chunk, reason, failure_class, received=received,
                                             delivery=delivery)
         if dead:
-            failing.weigh(chunk.run_id)
+            halts.weigh_failing(chunk.run_id)
             _top_up_and_settle(chunk.run_id)
     if dead:
         log.warning(
