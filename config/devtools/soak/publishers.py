@@ -37,13 +37,15 @@ SIGKILL_PUBLISHER = "sigkill_worker_mid_publish"
 TERMINATE_PUBLISHER = "terminate_publisher_backend"
 KINDS = (SIGKILL_PUBLISHER, TERMINATE_PUBLISHER)
 # The handler's first statement (reservations.waitlist.offer_freed_seat) waiting on the
-# section's row lock: its .first() orders by id, which no learner's lock of a section
-# does (they .get() it, or read its id), so a backend waiting in it is a publisher's.
+# section's row lock: its .first() of a section named by id orders by id, which no
+# learner's lock of a section does (they .get() it by id, or .first() it through a
+# subquery on their hold or entry), so a backend waiting in it is a publisher's.
 HANDLER_WAITING = (
     "SELECT pid, client_port FROM pg_stat_activity WHERE datname = current_database() "
-    "AND wait_event_type = 'Lock' AND query LIKE %s"
+    "AND wait_event_type = 'Lock' AND query LIKE %s AND query NOT LIKE '%%(SELECT%%'"
 )
-HANDLER_STATEMENT = f'SELECT %FROM "{Section._meta.db_table}" WHERE %ORDER BY %FOR UPDATE'
+HANDLER_STATEMENT = (f'SELECT %FROM "{Section._meta.db_table}" WHERE %ORDER BY %'
+                     "FOR NO KEY UPDATE")
 
 
 class Publishers(threading.Thread):
