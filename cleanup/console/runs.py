@@ -1,14 +1,18 @@
-"""The runs list and the run page: what each run did, replayed or cancelled from here."""
+"""The runs list and the run page: what each run did (its progress and totals, then its
+chunks, one state at a time if asked, paged for big runs), replayed or cancelled from
+here."""
 
 from __future__ import annotations
 
 from django.contrib import admin
+from django.core.paginator import Paginator
 from django.db.models import Count, F, Q, Sum
 from django.http import HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
+from django.utils.translation import ngettext
 from django.views.generic import RedirectView
 
 from cleanup import display
@@ -16,13 +20,15 @@ from cleanup.console.actions import Action, actor
 from cleanup.console.badges import SHORT_RUN_STATES, state_badge
 from cleanup.console.base import count_field, runs_by_short_id
 from cleanup.console.dispatching import DispatchPagesAdmin
-from cleanup.console.run_page import chunk_table, run_totals
 from cleanup.engine import frontier, operations, planning
 from cleanup.models import Chunk, Run
 from cleanup.observability import blockers
+from cleanup.observability.status import run_summary
+from cleanup.observability.waits import why_it_waits, working_seconds
 
 # The replays a run page links to; the list's search finds every one.
 SHOWN_REPLAYS = 10
+CHUNKS_PER_PAGE = 50
 
 
 class FoundWorkFilter(admin.SimpleListFilter):
@@ -255,3 +261,51 @@ class RunAdmin(DispatchPagesAdmin):
         extra_context = {**(extra_context or {}),
                          "can_dispatch": self.has_dispatch_permission(request)}
         return super().changelist_view(request, extra_context)
+
+
+def run_totals(run: Run) -> dict:
+    """The run page's headline: progress, what its chunks did, why it waits, and its
+    rate over the time it worked (not the time it was stuck)."""
+    summary = run_summary(run)
+    done = summary["chunks"]["committed"] + summary["chunks"]["acknowledged"]
+    now = timezone.now()
+    seconds = ((run.finished_at or now) - run.created_at).total_seconds()
+    worked = working_seconds(run)
+    return {
+        **summary,
+        "done": done,
+        "position_percent": None if summary["position"] is None
+        else round(100 * summary["position"]),
+        "seconds": round(seconds, 1),
+        "worked_seconds": round(worked, 1),
+        "rate": round(summary["rows_changed"] / worked) if worked > 0 else None,
+        "waits": why_it_waits(run, now),
+        "dead": summary["chunks"]["dead_lettered"],
+    }
+
+
+def chunk_table(request, run: Run) -> dict:
+    """The run page's chunk table: one state at a time if asked, paged for big runs."""
+    counts = dict(run.chunks.order_by().values_list("state").annotate(n=Count("pk")))
+    state = request.GET.get("chunk_state", "")
+    chunks = run.chunks.order_by("chunk_id")
+    if state in counts:
+        chunks = chunks.filter(state=state)
+    else:
+        state = ""
+    page = Paginator(chunks, CHUNKS_PER_PAGE).get_page(request.GET.get("chunks"))
+    dead = counts.get(Chunk.State.DEAD_LETTERED, 0)
+    return {
+        "dead_letters_url": reverse("admin:cleanup_chunk_changelist")
+        + f"?run__id__exact={run.pk}&state={Chunk.State.DEAD_LETTERED}",
+        "requeue_label": ngettext("Requeue this run's %(count)s dead letter…",
+                                  "Requeue this run's %(count)s dead letters…", dead)
+        % {"count": display.number(dead)},
+        "chunk_page": page,
+        "chunk_pages": page.paginator.get_elided_page_range(page.number, on_each_side=2,
+                                                            on_ends=1),
+        "chunk_state": state,
+        "chunk_states": [(choice, label, counts[choice]) for choice, label
+                         in Chunk.State.choices if choice in counts],
+        "chunk_total": sum(counts.values()),
+    }

@@ -5,7 +5,8 @@ all in one transaction, then count what was eligible; the run plans the rest as 
 Each entry point reads top to bottom: check the request (``_request``), answer with the
 run its key already names (``_existing``), or create the run (``_create``: ``_start``
 plans the first window, then the count), applying it here for ``--sync``
-(``_dispatch_here``). The one ``Policy`` looked up by ``_request`` is carried down.
+(``_dispatch_here``), or count what it would plan (``preview_dispatch``: a dry run's
+``Preview``). The one ``Policy`` looked up by ``_request`` is carried down.
 What a dispatch did is its ``DispatchResult``: that result as JSON (``cleanup_dispatch
 --json``, the log line) and in one sentence (``describe_dispatch``: the command, the
 console after a dispatch from the admin)."""
@@ -15,14 +16,16 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from math import ceil
 
 import structlog
 from django.db import DatabaseError, IntegrityError, connections, transaction
-from django.db.models import Q, Subquery, Sum
+from django.db.models import Count, Q, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django_q.conf import Conf
 
+from cleanup.conf import conf
 from cleanup.cutoffs import frozen_cutoff
 from cleanup.display import number, utc_text
 from cleanup.engine import frontier, halts, planning, sizing, sync_lease, transitions, window
@@ -33,11 +36,10 @@ from cleanup.engine.in_process import (
     rows_changed_by,
     waiting_behind,
 )
-from cleanup.engine.preview import Preview, preview
 from cleanup.exceptions import BadKey, KeyReused
 from cleanup.expressions import count_of
 from cleanup.models import ROWS_CHANGED, Chunk, Halt, Run
-from cleanup.policies import Policy, check_scheme, get_policy
+from cleanup.policies import ITEMS, Policy, check_scheme, get_policy
 
 log = structlog.get_logger("cleanup.dispatch")
 
@@ -61,6 +63,37 @@ class Request:
     asked_scheme: str | None = None
     asked_cutoff: datetime | None = None
 
+
+WHOLE_TABLE = "whole table"
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What a dispatch would do, counted without planning or writing anything."""
+
+    rows_by_partition: dict
+    chunks: int
+    # The rows of the run's first chunks, which the count assumes throughout.
+    chunk_rows: int = 0
+    # Whether the run's chunks grow past chunk_rows as it learns the database's pace
+    # (cleanup.engine.sizing): then the count is what the first size would take.
+    grows: bool = False
+
+    @property
+    def rows(self) -> int:
+        return sum(self.rows_by_partition.values())
+
+    @property
+    def sizing(self) -> str:
+        """What the chunk count assumes, as the dry run and the console's preview say it
+        (nothing when nothing is eligible)."""
+        if not self.chunks:
+            return ""
+        if self.grows and self.chunks > 1:
+            return (f"counted at its first chunks' size ({number(self.chunk_rows)} rows): a "
+                    "run's chunks grow as it learns the database's pace, so it usually takes "
+                    "fewer")
+        return f"{number(self.chunk_rows)} rows a chunk"
 
 
 @dataclass(frozen=True)
@@ -225,6 +258,32 @@ def preview_dispatch(
     counted = preview(policy, request.cutoff, request.scheme,
                       sizing.chunk_size(policy, request.scheme))
     return DispatchResult(request, preview=counted)
+
+
+def preview(policy: Policy, cutoff: datetime, scheme: str, size: int) -> Preview:
+    """Count eligible rows per partition (tenant) and the chunks planning would make.
+
+    Both planners fill every chunk but the last (per partition, for ranges), so the
+    chunk count follows from the row counts at the first chunks' ``size``. A run
+    learning its pace grows its chunks from there (up to the scheme's ceiling), so it
+    usually takes fewer; for ranges a range wider than the run's span cap is cut
+    further when planned.
+    """
+    column = policy.partition_column
+    eligible = policy.eligible_rows(policy.freeze(cutoff))
+    if column is None:  # ranges over the whole table
+        rows = eligible.count()
+        rows_by_partition = {WHOLE_TABLE: rows} if rows else {}
+    else:
+        rows_by_partition = dict(
+            eligible.values_list(column).annotate(rows=Count("pk")).order_by(column))
+    if scheme == ITEMS:
+        chunks = ceil(sum(rows_by_partition.values()) / size)
+    else:
+        chunks = sum(ceil(n / size) for n in rows_by_partition.values())
+    ceiling = conf.MAX_ITEMS_PER_CHUNK if scheme == ITEMS else conf.MAX_RANGE_ROWS_PER_CHUNK
+    grows = bool(conf.CHUNK_BUDGET_MS) and size < ceiling
+    return Preview(rows_by_partition, chunks, chunk_rows=size, grows=grows)
 
 
 def _request(policy_name: str, scheme: str | None, cutoff: datetime | None,

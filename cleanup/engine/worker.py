@@ -1,4 +1,6 @@
-"""Apply one chunk: the conditional DELETE and its ledger row commit together."""
+"""Apply one chunk: the conditional DELETE and its ledger row commit together; rows
+locked elsewhere are skipped and counted, and a message no chunk takes is kept as an
+orphan."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 import structlog
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
@@ -20,9 +23,7 @@ from cleanup.conf import conf
 from cleanup.engine import (
     cpu_wait,
     leases,
-    locked_rows,
     messages,
-    orphans,
     outcomes,
     pressure,
     sync_lease,
@@ -32,10 +33,11 @@ from cleanup.engine import (
 from cleanup.engine.messages import ChunkMessage
 from cleanup.exceptions import LeaseLost, MalformedMessage, UnknownPolicy, traceback_of
 from cleanup.expressions import PairsIn
-from cleanup.models import Chunk
+from cleanup.models import Chunk, OrphanMessage, Run
 from cleanup.policies import Policy, get_policy
 
 log = structlog.get_logger("cleanup.worker")
+ledger_log = structlog.get_logger("cleanup.ledger")
 
 # Deadlocks, lock and statement timeouts, serialization failures and dropped
 # connections mostly surface as one of these; each can succeed when tried again.
@@ -118,7 +120,7 @@ def apply_chunk(raw, *, leased: bool = False) -> Outcome:
             raise
         except Exception as exc:
             _reset_broken_connection()
-            if not skip_locked and locked_rows.wait_ran_out(exc):
+            if not skip_locked and wait_ran_out(exc):
                 # Learners' rows another transaction keeps locked: the chunk goes again
                 # at once without them, and a later pass takes them.
                 skip_locked, retries = True, retries + 1
@@ -164,7 +166,7 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int,
         # Read after the chunk's lock is granted, in a statement of its own: joined to
         # the locking read, the run's row would be the one from before a wait for the
         # lock, and would miss a cancel that committed meanwhile.
-        if state in Chunk.UNFINISHED and locked_rows.run_cancelled(
+        if state in Chunk.UNFINISHED and run_cancelled(
                 current.run_id, row_lock_wait=not skip_locked):
             # Cancelled while a delivery held this chunk: nothing more is deleted.
             transitions.late_to_cancelled(current)
@@ -176,7 +178,7 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int,
             outcome = Outcome.NOOP
         else:
             eligible = chunk_statement(policy, message, chunk.run.frozen)
-            statement = locked_rows.skipped(eligible) if skip_locked else eligible
+            statement = skipped(eligible) if skip_locked else eligible
             if policy.update is not None:
                 # One UPDATE with the whole predicate in its own WHERE, as for a DELETE.
                 updated = statement.update(**policy.update)
@@ -224,6 +226,47 @@ def _locked(doomed):
     return doomed.filter(pk__in=locked)
 
 
+# Rows another transaction keeps locked never stall a chunk. A chunk's statement waits
+# for learners' rows at most ``CLEANUP_ROW_LOCK_WAIT_MS`` (50 ms: a renewal commits in a
+# few). Past it the worker applies the chunk again at once with its statement narrowed
+# by ``skipped``, which locks the rows it can and leaves the others (``FOR UPDATE SKIP
+# LOCKED``); what is still eligible afterwards is counted as ``rows_locked`` and left to
+# a later run. Skipping is the fallback, not the rule: locking each row first costs the
+# statement 2.2-2.5 times as much (docs/operations.md).
+
+# A lock wait that outlasted lock_timeout.
+LOCK_NOT_AVAILABLE = "55P03"
+# A chunk's run's state, with the bound of the lock waits that follow it.
+_RUN_STATE_AND_LOCK_WAIT = ("SELECT state, set_config('lock_timeout', %s, true) "
+                            f'FROM "{Run._meta.db_table}" WHERE id = %s')
+
+
+def skipped(eligible):
+    """The chunk's statement narrowed to the eligible rows no other transaction keeps
+    locked, which it locks first (``FOR UPDATE SKIP LOCKED``): nothing waits for the
+    others. The whole predicate stays in the statement's own WHERE, so a row renewed
+    between the lock and the DELETE survives."""
+    unlocked = eligible.select_for_update(skip_locked=True).order_by().values("pk")
+    return eligible.filter(pk__in=unlocked)
+
+
+def run_cancelled(run_id, *, row_lock_wait: bool) -> bool:
+    """Whether the run was cancelled; in the same round trip, the lock waits of the
+    rest of the transaction are bounded: by ``CLEANUP_ROW_LOCK_WAIT_MS`` where the
+    chunk's statement may wait for learners' rows (kept locked longer, they are
+    skipped), else by the lock timeout as before."""
+    wait = min(conf.ROW_LOCK_WAIT_MS, conf.LOCK_TIMEOUT_MS) if row_lock_wait else (
+        conf.LOCK_TIMEOUT_MS)
+    with connection.cursor() as cursor:
+        cursor.execute(_RUN_STATE_AND_LOCK_WAIT, [f"{wait}ms", run_id])
+        row = cursor.fetchone()
+    return row is not None and row[0] == Run.State.CANCELLED
+
+
+def wait_ran_out(exc: BaseException) -> bool:
+    return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
+
+
 def _start_delivery(raw, message: ChunkMessage,
                     policy: Policy) -> tuple[Chunk | None, int | None]:
     """Count the delivery in its own commit, entered in the chunk's history with its
@@ -242,8 +285,8 @@ def _start_delivery(raw, message: ChunkMessage,
         if chunk is not None:
             failure_class, reason, delivery = _count_delivery(raw, message, policy, chunk)
     if chunk is None:
-        orphans.record_orphan(raw, f"run {message.run_id} has no chunk {message.chunk_id}",
-                              run_id=message.run_id, chunk_id=message.chunk_id)
+        record_orphan(raw, f"run {message.run_id} has no chunk {message.chunk_id}",
+                      run_id=message.run_id, chunk_id=message.chunk_id)
         return None, None
     if reason:
         _refuse(raw, chunk, reason, failure_class, delivery)
@@ -285,8 +328,8 @@ def _refuse(raw, chunk: Chunk, reason: str, failure_class: str, delivery: int) -
     received = _if_other(raw, chunk)
     if not outcomes.dead_lettered(chunk, reason, failure_class, received=received,
                                    delivery=delivery):
-        orphans.record_orphan(raw, f"{reason} (chunk already {chunk.state})",
-                             run_id=str(chunk.run_id), chunk_id=chunk.chunk_id)
+        record_orphan(raw, f"{reason} (chunk already {chunk.state})",
+                      run_id=str(chunk.run_id), chunk_id=chunk.chunk_id)
 
 
 def _if_other(raw, chunk: Chunk) -> str:
@@ -334,12 +377,36 @@ def _dead_letter_message(raw, exc: Exception) -> Outcome:
         chunk = Chunk.objects.select_related("run").filter(run_id=run_id,
                                                            chunk_id=chunk_id).first()
     if chunk is None:
-        orphans.record_orphan(raw, str(exc), run_id=run_id, chunk_id=chunk_id)
+        record_orphan(raw, str(exc), run_id=run_id, chunk_id=chunk_id)
     else:
         delivery = transitions.start_delivery(chunk, received_at=None, worker=leases.this_process())
         _refuse(raw, chunk, f"malformed message: {exc}", Chunk.FailureClass.MALFORMED,
                 delivery)
     return Outcome.DEAD_LETTERED
+
+
+CHUNK_ID_MAX = 2**31 - 1  # PositiveIntegerField on PostgreSQL
+
+
+def record_orphan(raw: Any, reason: str, *, run_id: str | None = None,
+                  chunk_id: int | None = None) -> OrphanMessage:
+    """Keep a message no chunk took, with its raw text and what it named, where
+    operators look for them."""
+    try:
+        text = raw if isinstance(raw, str) else json.dumps(raw, default=repr)
+    except (TypeError, ValueError):
+        text = repr(raw)
+    # PostgreSQL text cannot hold NUL; keep it visible as JSON writes it.
+    text, reason = (part.replace("\x00", "\\u0000") for part in (text, reason))
+    # A chunk id no chunk can have (negative, past the column) stays in the raw text only.
+    if not (isinstance(chunk_id, int) and 0 <= chunk_id <= CHUNK_ID_MAX):
+        chunk_id = None
+    orphan = OrphanMessage.objects.create(raw=text, error=reason, run_id=run_id,
+                                          chunk_id=chunk_id)
+    ledger_log.warning("orphan message dead-lettered", policy="unknown",
+                       outcome="dead_lettered", orphan_id=orphan.pk, run_id=run_id,
+                       chunk_id=chunk_id, reason=reason)
+    return orphan
 
 
 # What bounds a chunk's transaction, set for the transaction only (a pooled server
