@@ -34,7 +34,7 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     "Level": ("cleanup.engine.pressure", "Level"),
     # A host's own periodic tasks, installed with the policies' schedules.
     "register_task": ("cleanup.scheduling.schedules", "register_task"),
-    "schedule_period": ("cleanup.scheduling.triggers", "period"),
+    "schedule_period": ("cleanup.scheduling.slots", "period"),
     # The outbox: events written with the change, delivered once.
     "Event": ("cleanup.models", "Event"),
     "emit": ("cleanup.outbox", "emit"),

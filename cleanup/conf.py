@@ -50,7 +50,7 @@ class Settings:
     @property
     def TRANSIENT_RETRIES(self) -> int:
         """Transient database errors retried inside one delivery before it is given back
-        to the broker, which only redelivers after its lease."""
+        to the broker, which only redelivers after its redelivery window."""
         return self._read("TRANSIENT_RETRIES", 3)
 
     @property

@@ -14,7 +14,7 @@ from django_q.signals import post_execute, pre_enqueue, pre_execute
 from cleanup.engine import messages, transitions
 from cleanup.engine.transport import CHUNK_TASK
 from cleanup.observability import health
-from cleanup.scheduling import triggers
+from cleanup.scheduling import slots
 from cleanup.scheduling.schedules import DISPATCH_TASK
 
 log = structlog.get_logger("cleanup.receivers")
@@ -54,7 +54,7 @@ def record_cluster_beat(sender, task, **kwargs) -> None:
 
 @receiver(pre_enqueue, dispatch_uid="cleanup.record_slot_fired")
 def record_slot_fired(sender, task, **kwargs) -> None:
-    """Record a schedule slot in the trigger ledger as the scheduler enqueues it.
+    """Record a schedule slot in the slot ledger as the scheduler enqueues it.
 
     This runs in the scheduler process, inside its transaction: the slot is recorded
     exactly when its task is, whether or not a worker ever runs it. An error here
@@ -70,7 +70,7 @@ def record_slot_fired(sender, task, **kwargs) -> None:
             # (every other schedule, the heartbeat). The dispatch task records the slot
             # too, so only the firing time is lost.
             with transaction.atomic():
-                triggers.record_fire(arguments["policy"], slot_at)
+                slots.record_fire(arguments["policy"], slot_at)
         except DatabaseError as exc:
             log.warning("schedule slot not recorded", policy=arguments["policy"],
                         slot=slot_at.isoformat(), error=str(exc))

@@ -104,8 +104,8 @@ def test_a_pause_is_held_too_long_never_a_missed_schedule_nor_stalled_work_live(
              timeout=30, what="the app to serve /metrics")
 
     # Halted: the scheduler fires two slots, the workers dispatch both (a run that plans
-    # nothing, then the slot that joins it while older than the lease), and a lease
-    # passes after the last: only the halt is reported.
+    # nothing, then the slot that joins it while older than the redelivery window), and
+    # the redelivery window passes after the last: only the halt is reported.
     def two_slots_held(alerts) -> bool:
         if alerts.get((HELD, POLICY)) == "firing":
             timings.setdefault("halted alert firing (from the pause)",

@@ -91,7 +91,7 @@ def test_a_live_sync_process_keeps_its_run_until_its_lease_lapses(backlog, kille
     # Another process holds the run's lease, unexpired.
     assert leases.take(sync_lease.name(run.pk), "another-host:4242:live",
                        conf.SYNC_LEASE_SECONDS)
-    Chunk.objects.filter(run=run).update(planned_at=LONG_AGO)  # silent for a whole lease
+    Chunk.objects.filter(run=run).update(planned_at=LONG_AGO)  # silent a whole redelivery window
     joined = dispatch_slot("expire-leases", timezone.now().replace(second=0, microsecond=0))
     assert joined.pk == run.pk
     result = reconcile()

@@ -13,7 +13,7 @@ from django.utils import timezone
 from cleanup.console.base import LedgerAdmin
 from cleanup.console.forms import PauseForm
 from cleanup.engine import halts, operations
-from cleanup.engine.transport import lease
+from cleanup.engine.transport import redelivery_window
 from cleanup.exceptions import CleanupError
 from cleanup.observability import blockers
 from cleanup.observability import health as health_report
@@ -63,7 +63,7 @@ class CleanupOverviewAdmin(LedgerAdmin):
             "clusters": clusters,
             "alerts": banner(policies, clusters, gone),
             "now": now,
-            "lease": lease(),
+            "redelivery_window": redelivery_window(),
             "refresh_seconds": OVERVIEW_REFRESH_SECONDS,
             "can_pause": self.has_pause_permission(request),
             "live": live_view(now),

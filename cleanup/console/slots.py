@@ -1,4 +1,4 @@
-"""The trigger ledger's page: each schedule slot the scheduler fired and what it did."""
+"""The slot ledger's page: each schedule slot the scheduler fired and what it did."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from cleanup.console.base import LedgerAdmin
 
 
 class SlotAdmin(LedgerAdmin):
-    """The trigger ledger: each schedule slot the scheduler fired and what it did."""
+    """The slot ledger: each schedule slot the scheduler fired and what it did."""
 
     list_display = ("policy_name", "slot", "fired", "outcome_badge", "run_link", "dispatched")
     list_filter = ("policy", "outcome")

@@ -1,7 +1,7 @@
 """Re-send chunks whose message was never sent or has been lost.
 
 With the ORM broker a run's messages commit with it and an unacknowledged message
-comes back after its lease. With another broker (Redis) messages are sent after the
+comes back after its redelivery window. With another broker (Redis) messages are sent after the
 commit and a message taken by a worker that died is gone; a purged queue loses them
 too. Both leave chunks unfinished and silent, which is what this looks for. A
 spurious re-send is harmless: the conditional DELETE makes it a no-op. A run whose
@@ -20,7 +20,7 @@ from django.utils import timezone
 from django_q.brokers import get_broker
 
 from cleanup.engine import transitions, transport, window
-from cleanup.engine.transport import lease
+from cleanup.engine.transport import redelivery_window
 from cleanup.models import Chunk, Run
 from cleanup.policies import Policy, find_policy
 
@@ -38,15 +38,15 @@ class ReconcileResult:
 
 
 def reconcile(now: datetime | None = None) -> ReconcileResult:
-    """Re-send unfinished chunks of running runs that were silent for a whole lease.
+    """Re-send unfinished chunks of running runs that were silent for a whole redelivery window.
 
-    Only once the queue has drained, and each chunk at most once per lease, so a long
+    Only once the queue has drained, and each chunk at most once per redelivery window, so a long
     queue is never flooded with copies; chunks a delivery holds right now are skipped.
     """
     now = now or timezone.now()
     taken_over = _take_over_abandoned()
     planned = _top_up_windows()
-    silent_since = now - lease()
+    silent_since = now - redelivery_window()
     if get_broker().queue_size():
         # Messages are still waiting: silence may be a backlog, not a loss. Re-sending
         # now would pile copies on the queue; once it drains, the lost ones show.

@@ -1,6 +1,6 @@
 """The queue transport of chunk messages: send them, in the database transaction when
 the broker shares it (django-q2's ORM broker), and send what was planned but unsent;
-and the queue's lease, past which a chunk not finished counts as stalled."""
+and django-q2's redelivery window, past which a chunk not finished counts as stalled."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from cleanup.models import Chunk
 CHUNK_TASK = "cleanup.tasks.apply_chunk"
 
 
-def lease() -> timedelta:
+def redelivery_window() -> timedelta:
     """How long a chunk may go without finishing before it counts as stalled: the
-    broker's redelivery lease plus the task timeout."""
+    broker's retry (its redelivery of an unacknowledged message) plus the task timeout."""
     return timedelta(seconds=conf.q_cluster.retry + (conf.q_cluster.timeout or 0))
 
 

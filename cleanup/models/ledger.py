@@ -289,7 +289,7 @@ class OrphanMessage(models.Model):
 
 
 class Slot(models.Model):
-    """One firing of a policy's schedule: the trigger ledger.
+    """One firing of a policy's schedule: the slot ledger.
 
     Written by the scheduler process when it enqueues the slot's dispatch task (so
     "the scheduler fired" is a fact of its own), then by the dispatch task with what

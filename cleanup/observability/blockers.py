@@ -123,11 +123,11 @@ def for_run(run: Run) -> Blockers | None:
     return _read(run.policy, chunks, left_out, scope="run")
 
 
-def for_policy(policy: str) -> Blockers:
+def for_policy(policy_name: str) -> Blockers:
     """The sessions blocking this policy's unfinished or dead-lettered chunks now, and
     the table locks its next chunks would wait for."""
-    chunks, left_out = _to_probe(Chunk.objects.filter(run__policy=policy))
-    return _read(policy, chunks, left_out, scope="policy")
+    chunks, left_out = _to_probe(Chunk.objects.filter(run__policy=policy_name))
+    return _read(policy_name, chunks, left_out, scope="policy")
 
 
 def _to_probe(chunks) -> tuple[list[Chunk], int]:

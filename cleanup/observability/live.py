@@ -253,11 +253,11 @@ def rows_per_minute(now: datetime) -> dict[str, Chart]:
     per_policy: dict[str, dict[datetime, int]] = {}
     for row in rows:
         per_policy.setdefault(row["run__policy"], {})[row["minute"]] = row["rows"]
-    return {policy: chart(policy, slots, changed)
-            for policy, changed in per_policy.items() if any(changed.values())}
+    return {policy_name: chart(policy_name, slots, changed)
+            for policy_name, changed in per_policy.items() if any(changed.values())}
 
 
-def chart(policy: str, slots: list[datetime], changed: dict[datetime, int]) -> Chart:
+def chart(policy_name: str, slots: list[datetime], changed: dict[datetime, int]) -> Chart:
     """The bars of one policy's minutes, the tallest at the full height."""
     peak = max(changed.values())
     bars = []
@@ -266,4 +266,4 @@ def chart(policy: str, slots: list[datetime], changed: dict[datetime, int]) -> C
         height = max(BARS_HEIGHT * rows / peak, LEAST_BAR) if rows else 0
         bars.append(Bar(minute=minute, rows=rows, x=n * BAR_STEP, height=round(height, 1),
                         current=n == len(slots) - 1))
-    return Chart(policy=policy, bars=tuple(bars))
+    return Chart(policy=policy_name, bars=tuple(bars))

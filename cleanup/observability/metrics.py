@@ -216,12 +216,12 @@ class LedgerCollector:
                 labels=["policy"]),
             "stalled": GaugeMetricFamily(
                 "cleanup_stalled_chunks",
-                "Chunks unfinished for longer than the lease since they were sent "
+                "Chunks unfinished for longer than the redelivery window since they were sent "
                 "(whatever deliveries were attempted).",
                 labels=["policy"]),
             "undispatched": GaugeMetricFamily(
                 "cleanup_undispatched_slots",
-                "Schedule slots the scheduler fired longer than the lease ago that no "
+                "Schedule slots the scheduler fired longer than the redelivery window ago that no "
                 "worker has dispatched (stalled work, not a missed schedule).",
                 labels=["policy"]),
             "ack": GaugeMetricFamily(
@@ -240,7 +240,7 @@ class LedgerCollector:
             "limit": GaugeMetricFamily(
                 "cleanup_backlog_age_limit_seconds",
                 "Oldest-eligible age past which the policy's backlog is too old: two "
-                "schedule periods plus the lease.",
+                "schedule periods plus the redelivery window.",
                 labels=["policy"]),
             "success": GaugeMetricFamily(
                 "cleanup_last_success_timestamp_seconds",

@@ -7,9 +7,9 @@ gives the budget its backlog is read within (cleanup.observability.backlog): the
 second, a scrape's 40 ms.
 
 "Missed schedule" (the scheduler did not fire a slot that is due) and "stalled work"
-(chunks sent, or slots fired, and not finished within the lease) are separate signals
+(chunks sent, or slots fired, and not finished within the redelivery window) are separate signals
 with separate owners: the first points at the scheduler, the second at workers or the
-database (see cleanup.scheduling.triggers). Halts left open by a policy a deploy removed
+database (see cleanup.scheduling.slots). Halts left open by a policy a deploy removed
 are listed apart: no registered policy reads them.
 """
 
@@ -29,12 +29,12 @@ from django_q.models import Schedule
 from cleanup import display
 from cleanup.conf import conf
 from cleanup.engine import halts
-from cleanup.engine.transport import lease
+from cleanup.engine.transport import redelivery_window
 from cleanup.models import Chunk, Halt, Run, ScheduleInstall, Slot
 from cleanup.observability.backlog import Backlog, Budget, backlogs
 from cleanup.policies import Policy, all_policies
-from cleanup.scheduling import triggers
 from cleanup.scheduling.schedules import NAME_PREFIX
+from cleanup.scheduling.slots import lag_since
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class ScheduleStatus:
     expected_slot: datetime | None = None  # the first slot the scheduler has not fired
     lag: timedelta = timedelta(0)
     missed: bool = False
-    undispatched: int = 0  # slots fired but taken by no worker within the lease
+    undispatched: int = 0  # slots fired but taken by no worker within the redelivery window
     period: timedelta | None = None
 
 
@@ -130,7 +130,7 @@ class PolicyOverview:
             parts = []
             if self.stalled_chunks:
                 parts.append(f"{self.stalled_chunks:,} of {self.unfinished_chunks:,} "
-                             "unfinished chunks sent longer than the lease ago")
+                             "unfinished chunks sent longer than the redelivery window ago")
             if self.schedule.undispatched:
                 parts.append(f"{self.schedule.undispatched:,} fired slots no worker "
                              "dispatched")
@@ -267,14 +267,14 @@ def chunks_in_flight(now: datetime) -> dict[str, dict]:
     rows = (
         Chunk.objects.filter(state__in=(*Chunk.UNFINISHED, Chunk.State.COMMITTED,
                                         Chunk.State.DEAD_LETTERED))
-        # Stalled: unfinished for longer than the lease since it was (re)sent, however
+        # Stalled: unfinished for longer than the redelivery window since it was (re)sent, however
         # many deliveries started meanwhile (one stuck on row locks keeps starting).
         .alias(sent_at=Coalesce("enqueued_at", "planned_at"))
         .values("run__policy")
         .annotate(
             unfinished=Count("pk", filter=unfinished),
             oldest_unfinished=Min("planned_at", filter=unfinished),
-            stalled=Count("pk", filter=unfinished & Q(sent_at__lt=now - lease())),
+            stalled=Count("pk", filter=unfinished & Q(sent_at__lt=now - redelivery_window())),
             awaiting_ack=Count("pk", filter=Q(state=Chunk.State.COMMITTED)),
             dead=Count("pk", filter=Q(state=Chunk.State.DEAD_LETTERED)),
         )
@@ -291,7 +291,7 @@ def last_successes() -> dict[str, Run]:
 
 
 def schedule_statuses(policies: list[Policy], now: datetime) -> dict[str, ScheduleStatus]:
-    """Whether the scheduler fires each policy's slots, from the trigger ledger: one
+    """Whether the scheduler fires each policy's slots, from the slot ledger: one
     statement for them all (four per policy were 28 of a scrape's 52 statements)."""
     names = [f"{NAME_PREFIX}{p.name}" for p in policies if p.schedule is not None]
     policy = Substr(OuterRef("name"), len(NAME_PREFIX) + 1)
@@ -301,7 +301,7 @@ def schedule_statuses(policies: list[Policy], now: datetime) -> dict[str, Schedu
                               .values("installed_at")[:1]),
         last_fired=Subquery(slots.order_by("-fired_at").values("fired_at")[:1]),
         undispatched=Subquery(
-            slots.filter(outcome=Slot.Outcome.FIRED, fired_at__lt=now - lease())
+            slots.filter(outcome=Slot.Outcome.FIRED, fired_at__lt=now - redelivery_window())
             .values("policy").annotate(n=Count("pk")).values("n")),
     ).values_list("name", "cron", "installed_at", "last_fired", "undispatched")
     found = {name: (cron, installed, fired, waiting) for name, cron, installed, fired, waiting
@@ -315,7 +315,7 @@ def schedule_statuses(policies: list[Policy], now: datetime) -> dict[str, Schedu
             statuses[each.name] = ScheduleStatus(installed=False, cron=each.schedule)
         else:
             cron, installed, fired, waiting = found[name]
-            lag = triggers.lag_since([installed, fired], cron, now)
+            lag = lag_since([installed, fired], cron, now)
             # One iterator for the next two slots: parsing the cron again was a third
             # of this function's CPU.
             slots = croniter(cron, now)
@@ -337,10 +337,10 @@ def backlog_age_limit(schedule: ScheduleStatus) -> timedelta | None:
     """How old the oldest eligible row may get before the backlog is too old.
 
     Two schedule periods (a row that became eligible just after a run waits one period
-    for the next, and that run may take a while) plus the lease (how long a chunk may
+    for the next, and that run may take a while) plus the redelivery window (how long a chunk may
     take before it counts as stalled).
     """
-    return 2 * schedule.period + lease() if schedule.period else None
+    return 2 * schedule.period + redelivery_window() if schedule.period else None
 
 
 def _age(now: datetime, since: datetime | None) -> timedelta | None:

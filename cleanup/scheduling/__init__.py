@@ -1,1 +1,1 @@
-"""django-q2 schedules of the policies and the trigger ledger of their slots."""
+"""django-q2 schedules of the policies and the slot ledger of their slots."""

@@ -11,10 +11,10 @@ from django.db import transaction
 from django_q.models import Schedule
 
 from cleanup.engine.dispatch import dispatch
-from cleanup.engine.transport import lease
+from cleanup.engine.transport import redelivery_window
 from cleanup.models import Run, Slot
 from cleanup.policies import all_policies
-from cleanup.scheduling import triggers
+from cleanup.scheduling import slots
 
 log = structlog.get_logger("cleanup.schedules")
 
@@ -91,33 +91,33 @@ def install_schedules() -> ScheduleChanges:
                 changes.unchanged.append(name)
                 continue
             if spec["func"] == DISPATCH_TASK:
-                triggers.record_install(name.removeprefix(NAME_PREFIX), spec["cron"])
+                slots.record_install(name.removeprefix(NAME_PREFIX), spec["cron"])
         for name in sorted(existing.keys() - wanted.keys()):
             existing[name].delete()
             changes.removed.append(name)
     return changes
 
 
-def schedule_key(policy: str, slot: datetime) -> str:
-    return f"schedule:{policy}:{slot.isoformat()}"
+def schedule_key(policy_name: str, slot: datetime) -> str:
+    return f"schedule:{policy_name}:{slot.isoformat()}"
 
 
-def dispatch_slot(policy: str, slot: datetime) -> Run:
+def dispatch_slot(policy_name: str, slot: datetime) -> Run:
     """Start the run of one fired schedule slot, keyed by the slot, or join one in flight.
 
-    A run of the policy started within the lease and still running takes the slot
-    (coalesced, recorded on the slot): a new run would plan the rows already in flight
-    again. That check holds the policy's planning lock, so slot tasks queued during a
+    A run of the policy started within the redelivery window and still running takes
+    the slot (coalesced, recorded on the slot): a new run would plan the rows already in
+    flight again. That check holds the policy's planning lock, so slot tasks queued during a
     stall and run at once by several workers make one run, not a burst. A run older
-    than the lease is presumed stalled, and the slot starts a run anyway.
+    than the redelivery window is presumed stalled, and the slot starts a run anyway.
     """
-    fired = triggers.record_fire(policy, slot)  # the scheduler normally did already
+    fired = slots.record_fire(policy_name, slot)  # the scheduler normally did already
     if fired.outcome != Slot.Outcome.FIRED:  # the slot was delivered twice
         return fired.run
-    result = dispatch(policy, key=schedule_key(policy, slot), trigger=Run.Trigger.SCHEDULE,
-                      coalesce_within=lease())
-    triggers.record_dispatch(fired, result.run, coalesced=result.coalesced)
+    result = dispatch(policy_name, key=schedule_key(policy_name, slot),
+                      trigger=Run.Trigger.SCHEDULE, coalesce_within=redelivery_window())
+    slots.record_dispatch(fired, result.run, coalesced=result.coalesced)
     if result.coalesced:
-        log.info("schedule slot coalesced", policy=policy, slot=slot.isoformat(),
+        log.info("schedule slot coalesced", policy=policy_name, slot=slot.isoformat(),
                  in_flight_run=str(result.run.id))
     return result.run

@@ -4,8 +4,8 @@ from cleanup.management.base import CleanupCommand, count
 
 class Command(CleanupCommand):
     help = ("Re-send chunks of running runs that were never sent or have been silent for "
-            "a whole lease (a lost message), and plan chunks for runs whose window has room "
-            "nobody filled. Also runs every minute from the schedule.")
+            "a whole redelivery window (a lost message), and plan chunks for runs whose "
+            "window has room nobody filled. Also runs every minute from the schedule.")
 
     def run(self, **options) -> dict:
         result = reconcile()

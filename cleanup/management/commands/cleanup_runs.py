@@ -74,13 +74,13 @@ class Command(CleanupCommand):
         return "\n".join(lines)
 
 
-def _known(policy: str) -> None:
+def _known(policy_name: str) -> None:
     """Refuse a policy name that is not registered and names no run either (a typo); a
     policy since removed still lists the runs it left."""
     try:
-        get_policy(policy)
+        get_policy(policy_name)
     except UnknownPolicy:
-        if not Run.objects.filter(policy=policy).exists():
+        if not Run.objects.filter(policy=policy_name).exists():
             raise
 
 

@@ -1,4 +1,4 @@
-"""The trigger ledger: which schedule slots fired, and what each one did.
+"""The slot ledger: which schedule slots fired, and what each one did.
 
 "The scheduler fired" and "a run did the work" are separate facts, with separate
 owners. A slot is recorded when the scheduler enqueues its dispatch task, in the
@@ -9,7 +9,7 @@ the run in flight it was coalesced into. So:
   how long ago the first slot after its last firing (or after the schedule was
   installed) fell due. A run in flight does not hide it, and an outage of the workers
   does not cause it;
-- a slot that fired but that no worker dispatched within the lease counts as
+- a slot that fired but that no worker dispatched within the redelivery window counts as
   **stalled work**, like a chunk that was sent and did not finish: the queue is where
   it waits, and the workers are who must take it.
 """
@@ -31,9 +31,9 @@ class Lag:
     lag: timedelta  # how long ago it fell due (0 if not yet)
 
 
-def record_fire(policy: str, slot_at: datetime) -> Slot:
+def record_fire(policy_name: str, slot_at: datetime) -> Slot:
     """Record that the scheduler fired ``slot_at``; firing it again changes nothing."""
-    slot, _ = Slot.objects.get_or_create(policy=policy, slot_at=slot_at)
+    slot, _ = Slot.objects.get_or_create(policy=policy_name, slot_at=slot_at)
     return slot
 
 
@@ -46,10 +46,10 @@ def record_dispatch(slot: Slot, run: Run, *, coalesced: bool) -> None:
     )
 
 
-def record_install(policy: str, cron: str) -> None:
+def record_install(policy_name: str, cron: str) -> None:
     """Start the clock of a schedule that was just installed or given another cron."""
     ScheduleInstall.objects.update_or_create(
-        policy=policy, defaults={"cron": cron, "installed_at": timezone.now()}
+        policy=policy_name, defaults={"cron": cron, "installed_at": timezone.now()}
     )
 
 
