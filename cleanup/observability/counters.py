@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from functools import lru_cache
 
 from django.db import IntegrityError, connection, models, transaction
-from django.db.models import Count, F, Max, OuterRef, Q, Subquery, Sum, Value
+from django.db.models import Count, F, OuterRef, Q, Subquery, Sum, Value
 from django.db.models.lookups import LessThanOrEqual
 from django.utils import timezone
 
@@ -89,11 +89,10 @@ class LedgerFigures:
     sums: dict[str, dict[str, int]]  # counters per policy, purged rows included
     states: dict[str, dict[str, int]]  # chunks per policy and current state
     running: dict[str, int]  # runs per policy not finished yet
-    last_success: dict[str, datetime]  # when each policy's last completed run finished
 
 
 def ledger_figures() -> LedgerFigures:
-    """Counters (live rows plus what purges rolled up), chunk states and last successes."""
+    """Counters (live rows plus what purges rolled up), chunk states and runs running."""
     chunks = defaultdict(dict)
     sql, params = _scrape_pass_over_chunks()
     with connection.cursor() as cursor:
@@ -111,8 +110,7 @@ def ledger_figures() -> LedgerFigures:
         for policy, values in part.items():
             for state, count in values.items():
                 states[policy][state] += count
-    return LedgerFigures(_total(chunks, runs, rolled_up), states, now["running"],
-                         now["last_success"])
+    return LedgerFigures(_total(chunks, runs, rolled_up), states, now["running"])
 
 
 def _split_states(sums: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
@@ -163,11 +161,10 @@ def _scrape_pass_over_chunks() -> tuple[str, tuple]:
 
 def _run_aggregates(runs: models.QuerySet, *, now: bool = False):
     """The runs' counters per policy; with ``now``, also (in the same pass) how many
-    are running and when the last completed one finished."""
+    are running."""
     sums = defaultdict(lambda: defaultdict(int))
-    figures = {"running": defaultdict(int), "last_success": {}}
-    extra = {"running": Count("pk", filter=Q(state=Run.State.RUNNING)),
-             "finished": Max("finished_at", filter=Q(state=Run.State.COMPLETED))} if now else {}
+    figures = {"running": defaultdict(int)}
+    extra = {"running": Count("pk", filter=Q(state=Run.State.RUNNING))} if now else {}
     rows = runs.values("policy", "trigger").annotate(
         n=Count("pk"), candidates=Sum("candidates"), sent=Sum("messages_sent"), **extra
     ).order_by()
@@ -178,9 +175,6 @@ def _run_aggregates(runs: models.QuerySet, *, now: bool = False):
         sums[policy]["messages_sent"] += row["sent"] or 0
         if now:
             figures["running"][policy] += row["running"]
-        if row.get("finished"):
-            last = figures["last_success"]
-            last[policy] = max(last.get(policy, row["finished"]), row["finished"])
     return sums, figures
 
 
