@@ -1,13 +1,15 @@
 """Replay-safe scheduled cleanup for Django on PostgreSQL: what a host project imports.
 
-Everything a host needs is importable from here, ``from cleanup import Policy,
-register_policy``; the modules below ``cleanup`` are the engine's own and may move.
-Names are resolved when first used (PEP 562), so importing ``cleanup`` before the app
-registry is ready (a settings module, an ``AppConfig``) loads no model.
+The engine is imported from here, ``from cleanup import Policy, register_policy``, and
+the helpers for a host's own commands, pages and metrics from ``cleanup.host``; the
+other modules below ``cleanup`` are the engine's own and may move. Names are resolved
+when first used (PEP 562), so importing ``cleanup`` before the app registry is ready (a
+settings module, an ``AppConfig``) loads no model.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import import_module
 from typing import Any
 
@@ -17,7 +19,7 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     "Policy": ("cleanup.policies", "Policy"),
     "ITEMS": ("cleanup.policies", "ITEMS"),
     "RANGE": ("cleanup.policies", "RANGE"),
-    "register_policy": ("cleanup.policies", "register"),
+    "register_policy": ("cleanup.policies", "register_policy"),
     "get_policy": ("cleanup.policies", "get_policy"),
     # Every refusal of the engine's (a policy unknown, a cutoff in the future, ...).
     "CleanupError": ("cleanup.exceptions", "CleanupError"),
@@ -34,43 +36,37 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     "Level": ("cleanup.engine.pressure", "Level"),
     # A host's own periodic tasks, installed with the policies' schedules.
     "register_task": ("cleanup.scheduling.schedules", "register_task"),
-    "schedule_period": ("cleanup.scheduling.slots", "period"),
+    "schedule_period": ("cleanup.scheduling.slots", "schedule_period"),
     # The outbox: events written with the change, delivered once.
     "Event": ("cleanup.models", "Event"),
     "emit": ("cleanup.outbox", "emit"),
     "BadEvent": ("cleanup.outbox", "BadEvent"),  # what emit() refuses, before any SQL
-    "register_handler": ("cleanup.outbox", "register"),
+    "register_handler": ("cleanup.outbox", "register_handler"),
     "publish": ("cleanup.outbox", "publish"),
     "events_on_delete": ("cleanup.outbox.triggers", "events_on_delete"),
-    # For a host's own commands, pages and metrics, in the engine's manner.
-    "engine_settings": ("cleanup.conf", "conf"),
-    "CleanupCommand": ("cleanup.management.base", "CleanupCommand"),
-    "WholeNumber": ("cleanup.management.base", "WholeNumber"),
-    "MAX_INTEGER": ("cleanup.management.base", "MAX_INTEGER"),
-    "Duration": ("cleanup.management.base", "Duration"),
-    "count": ("cleanup.management.base", "count"),
-    "ask": ("cleanup.management.base", "ask"),
-    "progress": ("cleanup.management.reports", "progress"),
-    "write_report": ("cleanup.management.reports", "write_report"),
-    "QCluster": ("cleanup.management.qcluster", "Cluster"),
-    "Budget": ("cleanup.observability.backlog", "Budget"),
-    "read_backlog": ("cleanup.observability.backlog", "read_backlog"),
-    "BACKLOG_COUNT_CAP": ("cleanup.observability.backlog", "COUNT_CAP"),
-    "ConsoleAdmin": ("cleanup.console.base", "ConsoleAdmin"),
-    "display": ("cleanup.display", None),
 }
 
 __all__ = sorted(_SURFACE)
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module, attribute = _SURFACE[name]
-    except KeyError:
-        raise AttributeError(f"module 'cleanup' has no attribute {name!r}") from None
-    found = import_module(module)
-    return found if attribute is None else getattr(found, attribute)
+def _lazy_names(
+    module_name: str, surface: dict[str, tuple[str, str | None]], namespace: dict[str, Any]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """The ``__getattr__`` and ``__dir__`` of a module whose public names are ``surface``:
+    each imported from where it lives when first used."""
+
+    def getattr_(name: str) -> Any:
+        try:
+            module, attribute = surface[name]
+        except KeyError:
+            raise AttributeError(f"module {module_name!r} has no attribute {name!r}") from None
+        found = import_module(module)
+        return found if attribute is None else getattr(found, attribute)
+
+    def dir_() -> list[str]:
+        return sorted({*namespace, *surface})
+
+    return getattr_, dir_
 
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = _lazy_names(__name__, _SURFACE, globals())

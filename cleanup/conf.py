@@ -93,11 +93,12 @@ class Settings:
         return self._read("IDLE_IN_TRANSACTION_TIMEOUT_MS", 5_000)
 
     @property
-    def SYNC_LEASE_SECONDS(self) -> float:
-        """How long a ``--sync`` process's lease on its run lasts unless renewed (it is
-        renewed with every chunk): a process that dies, freezes or is cut off loses the
-        run to the workers this long after its last chunk began."""
-        return self._read("SYNC_LEASE_SECONDS", 30)
+    def SYNC_CLAIM_SECONDS(self) -> float:
+        """How long the queue holds a ``--sync`` process's messages for it, as a
+        dequeue holds a worker's: a process that dies or freezes leaves each to the
+        workers this long after it was sent (one it is merely slow to reach is then
+        applied by a worker, and its own delivery is a no-op)."""
+        return self._read("SYNC_CLAIM_SECONDS", 30)
 
     @property
     def MAX_REPLICA_LAG(self) -> float:

@@ -120,8 +120,3 @@ class ActionResult:
     done: int
     skipped: int
     affected: tuple = ()
-
-
-class LeaseLost(CleanupError):
-    """A ``--sync`` run is no longer this process's to apply: its lease lapsed and the
-    workers took the run over."""

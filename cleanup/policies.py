@@ -136,10 +136,11 @@ _registry: dict[str, Policy] = {}
 _replaced: list[tuple[Policy, Policy]] = []
 
 
-def register(policy: Policy) -> Policy:
+def register_policy(policy: Policy) -> Policy:
     """Register a policy under its name. Registering the same policy again is a no-op;
     another one of that name replaces it, and system check cleanup.E043 names the two
-    (the rule of cleanup.outbox.register). ``registered()`` replaces for a block."""
+    (the rule of cleanup.outbox.register_handler). ``registered()`` replaces for a
+    block."""
     current = _registry.get(policy.name)
     if current is not None and current != policy:
         _replaced.append((current, policy))

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db.models import Q, QuerySet
+from django.db.models import Q
 
 from cleanup.conf import conf
 from cleanup.models import Chunk, Event, Run
-from cleanup.observability import counters
-from cleanup.policies import ITEMS, RANGE, Policy, register
+from cleanup.policies import ITEMS, RANGE, Policy, register_policy
 
 PURGE_CHUNKS = "purge-cleanup-chunks"
 PURGE_RUNS = "purge-cleanup-runs"
@@ -77,42 +76,30 @@ def old_task_results(cutoff: datetime, stopped_before: datetime) -> Q:
     return Q(stopped__lte=stopped_before)
 
 
-# The worker hands each hook exactly the rows its DELETE removes, locked.
-def roll_up_chunks(doomed: QuerySet) -> None:
-    # A folded chunk's counters are in LedgerTotal already; the trigger takes its state
-    # out as it goes.
-    counters.roll_up(counters.chunk_sums(doomed.filter(folded=False)))
-
-
-def roll_up_runs(doomed: QuerySet) -> None:
-    counters.roll_up(counters.run_sums(doomed))
-
-
 def register_policies() -> None:
-    register(Policy(
+    register_policy(Policy(
         name=PURGE_CHUNKS, model_label="cleanup.Chunk", eligible=old_chunks,
         derive=chunk_deadline,
         observed_field="planned_at", partition_field="run", scheme=RANGE, chunk_size=1000,
-        schedule="40 * * * *", eligible_after=ledger_retention, before_delete=roll_up_chunks,
+        schedule="40 * * * *", eligible_after=ledger_retention,
     ))
-    register(Policy(
+    register_policy(Policy(
         name=PURGE_RUNS, model_label="cleanup.Run", eligible=old_runs, derive=run_deadline,
         observed_field="created_at", partition_field="policy", scheme=ITEMS, chunk_size=500,
         schedule="50 * * * *", eligible_after=lambda: ledger_retention() + RUN_MARGIN,
-        before_delete=roll_up_runs,
     ))
-    register(Policy(
+    register_policy(Policy(
         name=PURGE_SLOTS, model_label="cleanup.Slot", eligible=old_slots, derive=slot_deadline,
         observed_field="fired_at", partition_field="policy", scheme=RANGE, chunk_size=1000,
         schedule="45 * * * *", eligible_after=ledger_retention,
     ))
-    register(Policy(
+    register_policy(Policy(
         name=PURGE_EVENTS, model_label="cleanup.Event", eligible=old_events,
         derive=event_deadline,
         observed_field="settled_at", partition_field=None, scheme=RANGE, chunk_size=1000,
         schedule="35 * * * *", eligible_after=event_retention,
     ))
-    register(Policy(
+    register_policy(Policy(
         name=PURGE_TASK_RESULTS, model_label="django_q.Task", eligible=old_task_results,
         derive=task_result_deadline,
         observed_field="stopped", partition_field="func", scheme=ITEMS, chunk_size=500,

@@ -146,11 +146,11 @@ SETTING_RULES = (
              "a chunk's transaction may sit idle before the server ends its session"),
         )
     ),
-    Rule("SYNC_LEASE_SECONDS", "cleanup.E028", "a number of seconds from 1 to 86400",
-         "Set how long a --sync process keeps its run without renewing its lease; past it "
-         "the workers take the run over. Too short hands over runs whose process is only "
-         "slow (harmless, but the queue finishes them); too long leaves a dead process's "
-         "run waiting.",
+    Rule("SYNC_CLAIM_SECONDS", "cleanup.E028", "a number of seconds from 1 to 86400",
+         "Set how long the queue holds a --sync process's messages for it; past it the "
+         "workers take them. Too short lets workers apply chunks the process was about to "
+         "(harmless: its own delivery is then a no-op); too long leaves a dead process's "
+         "chunks waiting.",
          lambda value: number(value) and 1 <= value <= 86_400),
     Rule("SCHEDULE_GRACE_SECONDS", "cleanup.E017",
          f"a number of seconds above {SCHEDULER_PASS_SECONDS}, at most {DAY}",

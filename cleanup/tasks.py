@@ -6,7 +6,7 @@ from datetime import datetime
 
 from cleanup.engine import reconcile, window
 from cleanup.engine.worker import apply_chunk as apply_chunk_message
-from cleanup.observability import counters, health
+from cleanup.observability import health
 from cleanup.outbox import publish
 from cleanup.scheduling.schedules import dispatch_slot
 
@@ -36,8 +36,10 @@ def recheck_pressure(policy: str) -> int:
 
 
 def fold_counters() -> int:
-    """Fold the chunks of runs finished a while ago into the counters' totals."""
-    return counters.fold()
+    """Retired: the totals are counted as each change commits. Kept importable, so a
+    schedule or a task an earlier release left behind still runs (and does nothing)
+    until cleanup_schedule removes it."""
+    return 0
 
 
 def publish_events() -> dict[str, int]:

@@ -14,7 +14,7 @@ from django.contrib import admin
 from django.utils import timezone
 from django.utils.html import format_html
 
-from cleanup import ConsoleAdmin, display
+from cleanup.host import ConsoleAdmin, display
 from reservations.exceptions import ReservationError
 from reservations.models import (
     FreedSeat,

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core import checks
 from django.utils.module_loading import import_string
 
-from cleanup import engine_settings
+from cleanup.host import conf as cleanup_conf
 from reservations.conf import conf
 
 # Reminder.attempts is a PositiveSmallIntegerField.
@@ -69,7 +69,7 @@ def check_reminder_sending(app_configs=None, **kwargs):
         ))
     lease = conf.REMINDER_CLAIM_SECONDS
     # django-q2 ends a task at its timeout: a claim older than that has no live sender.
-    timeout = engine_settings.q_cluster.timeout or 0
+    timeout = cleanup_conf.q_cluster.timeout or 0
     if isinstance(lease, bool) or not isinstance(lease, Real) or lease <= timeout:
         errors.append(checks.Error(
             f"RESERVATIONS_REMINDER_CLAIM_SECONDS {lease!r} is not a number of seconds "

@@ -18,7 +18,7 @@ from django.utils import timezone
 from django_q.tasks import async_task
 
 from cleanup import Chunk, Event, Run, dispatch, get_policy, replay, run_summary
-from cleanup import QCluster as Cluster
+from cleanup.host import QCluster
 from reservations import seeding
 from reservations.models import (
     FreedSeat,
@@ -106,7 +106,7 @@ def run_demo(*, expired: int, active: int, racers: int, timeout: float,
             path.unlink()
     env = {**os.environ, "DJANGO_EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
            "EMAIL_FILE_PATH": str(mail)}
-    cluster = Cluster("demo", env, MANAGE)
+    cluster = QCluster("demo", env, MANAGE)
     cluster.start()
     runs = [holds_run, attempts_run, marks_run]
     try:

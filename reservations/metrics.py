@@ -14,14 +14,12 @@ from datetime import timedelta
 from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily
 
-from cleanup import BACKLOG_COUNT_CAP, Budget, read_backlog, schedule_period
-from cleanup import engine_settings as cleanup_conf
+from cleanup import schedule_period
+from cleanup.host import COUNT_CAP, Budget, read_backlog
+from cleanup.host import conf as cleanup_conf
 from reservations.conf import conf
 from reservations.models import Reminder
 
-# Counting stops here: the number says "at least this many" past it, and a scrape
-# never reads more of the index than this (the engine's cap: 100,000 took 130 ms).
-COUNT_CAP = BACKLOG_COUNT_CAP
 UNSENT = (Reminder.State.PENDING, Reminder.State.READY, Reminder.State.SENDING)
 
 
@@ -42,7 +40,8 @@ class ReminderCollector:
         now = timezone.now()
         count, oldest, limit, failed = self._families()
         # Bounded like the engine's backlog: an expire-holds run deletes these rows
-        # too, and reading past them in the index took 2.6 s per scrape.
+        # too, and reading past them in the index took 2.6 s per scrape. Counts stop
+        # at the engine's cap, meaning "at least this many" there (100,000 took 130 ms).
         budget = Budget()
         for state in UNSENT:
             due = read_backlog(Reminder.objects.filter(state=state, due_at__lte=now),

@@ -49,8 +49,9 @@ from reservations.services import (
 log = structlog.get_logger("reservations.waitlist")
 
 # Not the bare "seat.freed" of the engine's docs: the engine's own tests use that name
-# for events of their own and register() handlers for it (tests/test_outbox.py, in
-# subprocesses too), which a handler registered at start-up would refuse as a conflict.
+# for events of their own and register_handler() handlers for it (tests/test_outbox.py,
+# in subprocesses too), which with a handler registered at start-up would make two
+# (cleanup.E043).
 # Named for the app, the product's event can never collide with an example's.
 SEAT_FREED = "reservations.seat_freed"
 IN_LINE = (WaitlistEntry.State.WAITING, WaitlistEntry.State.OFFERED)

@@ -336,7 +336,7 @@ def test_schedule_rows_are_untouched_by_the_console(admin_client):
     installed = list(Schedule.objects.order_by("pk").values())
     admin_client.get(OVERVIEW)
     assert list(Schedule.objects.order_by("pk").values()) == installed
-    assert len(installed) == 13  # 8 policies', the reminder sender and the engine's four
+    assert len(installed) == 12  # 8 policies', the reminder sender and the engine's three
 
 
 def test_a_run_still_planning_shows_how_far_it_has_got(admin_client, account, settings,

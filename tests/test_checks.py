@@ -20,7 +20,7 @@ from cleanup.checks import (
     check_window,
 )
 from cleanup.conf import DEFAULTS, Settings, conf
-from cleanup.policies import get_policy, register
+from cleanup.policies import get_policy, register_policy
 from tests.conftest import ROOT
 
 # The checks that read CLEANUP_* settings, and the id that refuses each setting's type.
@@ -47,7 +47,7 @@ CHECKED_BY = {
     "PRESSURE_INDICATORS": "cleanup.E026",
     "STATEMENT_TIMEOUT_MS": "cleanup.E027",
     "IDLE_IN_TRANSACTION_TIMEOUT_MS": "cleanup.E040",
-    "SYNC_LEASE_SECONDS": "cleanup.E028",
+    "SYNC_CLAIM_SECONDS": "cleanup.E028",
     "NODE_NAME": "cleanup.E029",
     "ROW_LOCK_WAIT_MS": "cleanup.E030",
     "FAILING_CHUNKS": "cleanup.E031",
@@ -157,7 +157,7 @@ def test_w001_catch_up_should_be_off(settings):
 @pytest.fixture
 def extra_policy(chunk_size):
     # chunk_size restores the registry afterwards.
-    return lambda **changes: register(replace(get_policy("expire-leases"), **changes))
+    return lambda **changes: register_policy(replace(get_policy("expire-leases"), **changes))
 
 
 def test_e003_unknown_model(extra_policy):
@@ -217,8 +217,8 @@ def test_e009_a_policy_must_build_its_predicate_now(extra_policy, changes):
 
 def test_e010_range_chunks_need_a_partition_that_is_never_null(chunk_size):
     # chunk_size restores the registry afterwards.
-    register(replace(get_policy("purge-cleanup-slots"), name="by-nullable-run",
-                     partition_field="run"))
+    register_policy(replace(get_policy("purge-cleanup-slots"), name="by-nullable-run",
+                            partition_field="run"))
     assert ids(check_policies()) == ["cleanup.E010"]
 
 
@@ -349,8 +349,8 @@ def test_e027_statement_timeout_must_be_whole_milliseconds_postgresql_accepts(se
 
 
 @pytest.mark.parametrize("value", [0, 0.5, 86_401, "30", True, None])
-def test_e028_sync_lease_must_be_1_to_86400_seconds(settings, value):
-    assert ids(setting_errors(settings, "SYNC_LEASE_SECONDS", value)) == ["cleanup.E028"]
+def test_e028_sync_claim_must_be_1_to_86400_seconds(settings, value):
+    assert ids(setting_errors(settings, "SYNC_CLAIM_SECONDS", value)) == ["cleanup.E028"]
 
 
 @pytest.mark.parametrize("value", [None, 2, " worker-2", "w" * 256])
@@ -431,7 +431,7 @@ def test_w003_many_retries_outlast_any_timeout(settings):
     ("PRESSURE_CHECK_SECONDS", 1e308), ("PRESSURE_CHECK_SECONDS", 301),
     ("TRANSIENT_BACKOFF", 61), ("MAX_REPLICA_LAG", 1e308),
     ("SCHEDULE_GRACE_SECONDS", 86_401), ("HEARTBEAT_STALE_SECONDS", 1e308),
-    ("CHUNK_BUDGET_MS", 60_001), ("SYNC_LEASE_SECONDS", 86_401),
+    ("CHUNK_BUDGET_MS", 60_001), ("SYNC_CLAIM_SECONDS", 86_401),
 ])
 def test_every_duration_has_an_upper_bound(settings, name, too_long):
     """A unit mistake (1e308 seconds) would keep a reading, a grace or a backoff for

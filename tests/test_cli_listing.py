@@ -52,7 +52,7 @@ def three_fates(account, chunk_size):
         for i in range(2100))
     chunk_size("expire-leases", 1000)
     # Registered within chunk_size's block, so it is gone after the test too.
-    policies.register(replace(policies.get_policy("expire-leases"), schedule="* * * * *"))
+    policies.register_policy(replace(policies.get_policy("expire-leases"), schedule="* * * * *"))
     run = dispatch("expire-leases").run
     first, second, third = run.chunks.order_by("chunk_id")
     apply_chunk(first.message)

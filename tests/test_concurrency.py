@@ -253,8 +253,9 @@ def test_cancel_while_a_chunk_commits_keeps_its_work_and_cancels_the_rest(chunk_
 def test_a_chunk_committing_while_the_ledger_purge_waits_is_never_lost_from_counters(
         chunk_size):
     """The interleaving that once took cleanup_rows_deleted_total from 100 to 80: the
-    purge locks and sums its rows, waits on one lock, and meanwhile another chunk in its
-    range commits. The DELETE must remove only what was summed."""
+    purge's DELETE waits on one lock, and meanwhile another chunk in its range commits.
+    The purge takes nothing from the counters, and leaves the chunk that was not
+    finished when its statement began."""
     from cleanup.observability.counters import ledger_figures
     from cleanup.retention import PURGE_CHUNKS
 
@@ -276,7 +277,7 @@ def test_a_chunk_committing_while_the_ledger_purge_waits_is_never_lost_from_coun
     blocker, committing, release_hold = blocked_delivery(middle, leases[1].pk)
     purging = Worker(apply_chunk, purge.message)
     purging.start()
-    wait_for(lambda: waiting_statements('SELECT "cleanup_chunk"."id"') == 1,
+    wait_for(lambda: waiting_statements('DELETE FROM "cleanup_chunk"') == 1,
              what="the purge to wait on a lock")
 
     release_hold.set()  # the middle chunk commits while the purge waits

@@ -13,7 +13,7 @@ from django.urls import reverse
 from cleanup.engine.dispatch import dispatch, dispatch_in_process
 from cleanup.engine.worker import Outcome, apply_chunk
 from cleanup.models import Chunk, OrphanMessage
-from cleanup.policies import ITEMS, get_policy, register
+from cleanup.policies import ITEMS, get_policy, register_policy
 from tests.engine_app.factories import LeaseFactory
 from tests.engine_app.models import Lease
 from tests.test_metrics import scrape, value
@@ -66,10 +66,11 @@ def test_metrics_and_the_admin_read_infinite_expiries(client, admin_client, odd_
 @pytest.fixture
 def nullable_policy(chunk_size):
     """Discarded chunks, observed by their (empty) committed_at: a nullable column."""
-    return register(replace(get_policy("expire-leases"), name="discarded-chunks",
-                            model_label="cleanup.Chunk", observed_field="committed_at",
-                            partition_field="run", scheme=ITEMS, derive=None,
-                            eligible=lambda cutoff: Q(state=Chunk.State.DISCARDED)))
+    return register_policy(replace(get_policy("expire-leases"), name="discarded-chunks",
+                                   model_label="cleanup.Chunk",
+                                   observed_field="committed_at", partition_field="run",
+                                   scheme=ITEMS, derive=None,
+                                   eligible=lambda cutoff: Q(state=Chunk.State.DISCARDED)))
 
 
 def test_rows_whose_observed_value_is_null_are_planned_and_deleted(nullable_policy,

@@ -172,8 +172,14 @@ def test_sync_dispatch_applies_chunks_without_the_queue(expired_leases):
     assert {c.state for c in chunks_of(result.run)} == {Chunk.State.ACKNOWLEDGED}
 
 
-def test_django_q_sync_mode_applies_chunks_after_the_run_commits(expired_leases, q_sync):
-    result = dispatch("expire-leases")
+def test_django_q_sync_mode_applies_chunks_after_the_run_commits(
+        expired_leases, q_sync, chunk_size, django_capture_on_commit_callbacks):
+    chunk_size("expire-leases", 2)  # three chunks: those planned as others commit too
+    with django_capture_on_commit_callbacks(execute=True) as inline:
+        result = dispatch("expire-leases")
+        # Nothing ran inside the dispatch's transaction: the chunks wait for its commit.
+        assert Chunk.objects.filter(state__in=Chunk.DONE).count() == 0
+    assert inline
     result.run.refresh_from_db()
     assert result.run.state == Run.State.COMPLETED
     assert sum(c.rows_deleted for c in chunks_of(result.run)) == 5

@@ -15,7 +15,7 @@ from django.db.models import Q
 from cleanup import policies
 from cleanup.checks import check_registrations
 from cleanup.exceptions import CleanupError
-from cleanup.outbox import BadEvent, register, registered
+from cleanup.outbox import BadEvent, register_handler, registered
 from cleanup.outbox.handlers import handler_for
 from tests.outbox_handlers import record_effect
 
@@ -34,11 +34,11 @@ def test_e043_the_apps_as_shipped_register_each_name_once():
 
 def test_e043_a_second_handler_for_a_name_is_an_error_naming_both_callables():
     with registered():
-        register("seat.freed", record_effect)
-        register("seat.freed", record_effect)  # the same one again: nothing to say
+        register_handler("seat.freed", record_effect)
+        register_handler("seat.freed", record_effect)  # the same one again: nothing to say
         assert check_registrations() == []
 
-        register("seat.freed", another_handler)  # no exception, mid start-up or after
+        register_handler("seat.freed", another_handler)  # no exception, mid start-up or after
 
         (error,) = check_registrations()
         assert handler_for("seat.freed") is another_handler
@@ -53,10 +53,10 @@ def test_e043_a_second_handler_for_a_name_is_an_error_naming_both_callables():
 def test_e043_a_second_policy_under_a_name_is_an_error_naming_both():
     shipped = policies.get_policy("expire-leases")
     with policies.registered():
-        policies.register(replace(shipped))  # an equal policy: nothing to say
+        policies.register_policy(replace(shipped))  # an equal policy: nothing to say
         assert check_registrations() == []
 
-        policies.register(replace(shipped, eligible=other_leases))
+        policies.register_policy(replace(shipped, eligible=other_leases))
 
         (error,) = check_registrations()
         assert policies.get_policy("expire-leases").eligible is other_leases
@@ -69,8 +69,8 @@ def test_e043_a_second_policy_under_a_name_is_an_error_naming_both():
 
 def test_e043_stops_manage_py_check_naming_both_handlers():
     with registered():
-        register("seat.freed", record_effect)
-        register("seat.freed", another_handler)
+        register_handler("seat.freed", record_effect)
+        register_handler("seat.freed", another_handler)
         with pytest.raises(SystemCheckError) as stopped:
             call_command("check", stdout=StringIO(), stderr=StringIO())
     assert "(cleanup.E043) Event 'seat.freed' has two handlers: " \
@@ -81,6 +81,6 @@ def test_e043_stops_manage_py_check_naming_both_handlers():
 
 def test_a_handler_must_be_callable_under_a_name_emit_would_take():
     with registered(), pytest.raises(BadEvent, match="event name holds a NUL character"):
-        register("seat\x00freed", record_effect)
+        register_handler("seat\x00freed", record_effect)
     with registered(), pytest.raises(CleanupError, match="must be callable, not 'nope'"):
-        register("seat.freed", "nope")
+        register_handler("seat.freed", "nope")

@@ -25,7 +25,7 @@ from cleanup.outbox import (
     emit,
     events,
     publish,
-    register,
+    register_handler,
     registered,
     requeue,
 )
@@ -198,9 +198,9 @@ def test_a_crash_after_marking_delivered_before_commit_leaves_neither():
 KILLED_PUBLISHER = """
 import django
 django.setup()
-from cleanup.outbox import publish, register
+from cleanup.outbox import publish, register_handler
 from tests.outbox_handlers import record_effect_then_die
-register("seat.freed", record_effect_then_die)
+register_handler("seat.freed", record_effect_then_die)
 publish()
 """
 
@@ -366,11 +366,11 @@ def test_a_second_handler_for_one_name_replaces_it_and_the_decorator_registers()
     # Which one runs is then named by system check cleanup.E043
     # (tests/test_handler_registry.py).
     with registered():
-        register("seat.freed", record_effect)
-        register("seat.freed", record_effect)  # the same one again: a no-op
-        register("seat.freed", fail)
+        register_handler("seat.freed", record_effect)
+        register_handler("seat.freed", record_effect)  # the same one again: a no-op
+        register_handler("seat.freed", fail)
 
-        @register("seat.confirmed")
+        @register_handler("seat.confirmed")
         def confirmed(event):
             pass
 

@@ -35,9 +35,9 @@ import json, pathlib, sys, time
 import django
 django.setup()
 from cleanup.models import Event
-from cleanup.outbox import publish, register
+from cleanup.outbox import publish, register_handler
 from tests.outbox_handlers import record_effect_sometimes_slowly
-register("seat.freed", record_effect_sometimes_slowly)
+register_handler("seat.freed", record_effect_sometimes_slowly)
 barrier, me, publishers = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 (barrier / me).touch()
 while len(list(barrier.iterdir())) < publishers:  # start together

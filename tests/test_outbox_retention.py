@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from cleanup.engine.dispatch import dispatch_in_process
-from cleanup.models import Event, EventTotal
+from cleanup.models import Event, Total
 from cleanup.observability import events as event_metrics
 from cleanup.outbox import discard, emit, publish, registered
 from cleanup.retention import PURGE_EVENTS
@@ -70,7 +70,7 @@ def test_settled_events_are_purged_after_retention_and_totals_keep_their_values(
 
     dispatch_in_process(PURGE_EVENTS)  # again: nothing left to take, nothing added twice
     assert totals(client) == before
-    assert dict(EventTotal.objects.values_list("state", "value")) == {
+    assert Total.objects.get(family="event", subject="seat.freed").figures == {
         "delivered": 2, "discarded": 1}
 
 
@@ -85,11 +85,14 @@ def test_recently_settled_events_stay(client, settings):
 
 
 def test_a_total_edited_by_hand_into_another_state_is_left_out_never_a_500(client):
-    EventTotal.objects.create(name="seat.freed", state="<b>lost</b>", value=3)
-    EventTotal.objects.create(name="seat.freed", state="delivered", value=4)
-    EventTotal.objects.create(name="seat.freed", state="dead", value=5)  # read live only
+    Total.objects.create(family="event", subject="seat.freed", figures={
+        "<b>lost</b>": 3, "delivered": 4, "dead": 5,  # dead: read live only
+        "discarded": "many"})
+    Total.objects.create(family="event", subject="seat.held", figures=[1, 2])
     samples = scrape(client)
     assert value(samples, "cleanup_events_delivered_total", name="seat.freed") == 4
+    assert ("cleanup_events_dead", frozenset({("name", "seat.freed")})) not in samples
+    assert ("cleanup_events_discarded_total", frozenset({("name", "seat.freed")})) not in samples
     assert value(samples, "cleanup_events_measured") == 1
 
 

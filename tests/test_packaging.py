@@ -85,10 +85,11 @@ HOST_FILES = {
         class TokensConfig(AppConfig):
             name = "tokens"
             def ready(self):
-                from cleanup.policies import Policy, register
-                register(Policy(name="expire-tokens", model_label="tokens.Token",
-                                eligible=expired, observed_field="expires_at",
-                                partition_field=None, scheme="range", chunk_size=2))
+                from cleanup.policies import Policy, register_policy
+                register_policy(Policy(name="expire-tokens", model_label="tokens.Token",
+                                       eligible=expired, observed_field="expires_at",
+                                       partition_field=None, scheme="range",
+                                       chunk_size=2))
     ''',
     "tokens/migrations/__init__.py": "",
     "tokens/migrations/0001_initial.py": '''

@@ -21,6 +21,8 @@ import psycopg
 import pytest
 from django.db import connection
 from django.utils import timezone
+from django_q.models import OrmQ
+from django_q.signing import SignedPackage
 
 from cleanup.models import Chunk, Halt, Run
 from tests.conftest import ROOT, wait_for
@@ -31,8 +33,8 @@ from tests.pooler import Churn, env_through, pooler_advisory_locks, session_leve
 pytestmark = [pytest.mark.pooler, pytest.mark.qcluster, pytest.mark.django_db(transaction=True)]
 
 POLICY = "expire-leases"
-# What the subprocesses run with: small fixed chunks, short leases and timeouts, and a
-# host indicator an operator-like flag file turns to HOLD.
+# What the subprocesses run with: small fixed chunks, a short claim on a --sync process's
+# messages, short timeouts, and a host indicator an operator-like flag file turns to HOLD.
 SETTINGS = """
 import os
 import signal
@@ -47,7 +49,7 @@ LEASES_EXPIRE_CHUNK_SIZE = 20
 CLEANUP_CHUNK_BUDGET_MS = 0
 CLEANUP_WINDOW = 3
 CLEANUP_LOCK_TIMEOUT_MS = 500
-CLEANUP_SYNC_LEASE_SECONDS = {lease}
+CLEANUP_SYNC_CLAIM_SECONDS = {claim}
 CLEANUP_IDLE_IN_TRANSACTION_TIMEOUT_MS = {idle_ms}
 CLEANUP_PRESSURE_CHECK_SECONDS = 0.5
 CLEANUP_PRESSURE_INDICATORS = ["pooler_settings.flag_file"]
@@ -83,7 +85,7 @@ if os.environ.get("FREEZE_AT_CHUNK"):
     _freeze = faults.injected(faults.BEFORE_COMMIT, _freeze_at_chunk)
     _freeze.__enter__()
 """
-LEASE_SECONDS = 4
+CLAIM_SECONDS = 4
 IDLE_MS = 2_000
 QCLUSTER_ENV = {"Q_TIMEOUT": "8", "Q_RETRY": "10", "Q_POLL": "0.1", "Q_WORKERS": "2",
                 "DATABASE_POOLER": "transaction"}
@@ -94,7 +96,7 @@ def pooled(tmp_path):
     """A PgBouncer (pool of 4) in front of the test database, four other clients
     churning through it, and the environment of a subprocess connected through it."""
     (tmp_path / "pooler_settings.py").write_text(
-        SETTINGS.format(lease=LEASE_SECONDS, idle_ms=IDLE_MS))
+        SETTINGS.format(claim=CLAIM_SECONDS, idle_ms=IDLE_MS))
     name = connection.settings_dict["NAME"]
     with started(pool_size=4) as pooler, Churn(pooler, name, clients=4, max_seconds=600):
         env = env_through(pooler, name, DJANGO_SETTINGS_MODULE="pooler_settings",
@@ -179,6 +181,17 @@ def the_run() -> Run | None:
     return Run.objects.filter(policy=POLICY).order_by("-created_at").first()
 
 
+def held_locks(run: Run) -> list:
+    """The locks of the run's messages in the queue."""
+    return [row.lock for row in OrmQ.objects.all()
+            if SignedPackage.loads(row.payload)["args"][0]["run_id"] == str(run.pk)]
+
+
+def first_commit_after(run: Run, moment):
+    return (run.chunks.filter(committed_at__gt=moment).order_by("committed_at")
+            .values_list("committed_at", flat=True).first())
+
+
 def test_a_sync_run_killed_behind_the_pooler_is_finished_by_the_cluster(cluster_and_commands):
     pooled = cluster_and_commands
     renewed, kept = backlog()
@@ -186,28 +199,32 @@ def test_a_sync_run_killed_behind_the_pooler_is_finished_by_the_cluster(cluster_
     sync = pooled.manage("cleanup_dispatch", "--policy", POLICY, "--sync",
                          SLOW_CHUNK_SECONDS="0.1")
     wait_for(lambda: Chunk.objects.filter(state__in=Chunk.DONE).count() >= 3, timeout=60,
-             what="a few chunks committed by the --sync process")
+             interval=0.02, what="a few chunks committed by the --sync process")
     sync.send_signal(signal.SIGKILL)
+    killed = timezone.now()
     sync.wait(10)
-    killed_at = time.monotonic()
     run = the_run()
-    assert run.in_process and run.state == Run.State.RUNNING
+    assert run.state == Run.State.RUNNING
+    # Its messages are all in the queue, taken by the dead process until their claim lapses.
+    held = held_locks(run)
+    assert held and min(held) > killed
+    lapses = min(held)
 
     pooled.manage("qcluster")
-    wait_for(lambda: not Run.objects.get(pk=run.pk).in_process, timeout=150, interval=0.2,
-             what="the cluster to take the run over")
-    taken_over = time.monotonic() - killed_at
     wait_for(lambda: Run.objects.get(pk=run.pk).state == Run.State.COMPLETED, timeout=180,
              interval=0.5, what="the cluster to finish the run")
-    finished = time.monotonic() - killed_at
 
     the_ledger_equals_reality(run, renewed + kept)
-    assert taken_over >= LEASE_SECONDS - 1  # not before its lease lapsed
-    print(f"\nkilled --sync run behind the pooler: taken over {taken_over:.1f} s after the "
-          f"kill, finished {finished:.1f} s after it")
+    first = first_commit_after(run, killed)
+    assert first >= lapses  # not one message taken before its claim lapsed
+    took_over = (first - killed).total_seconds()
+    assert CLAIM_SECONDS - 1 <= took_over <= CLAIM_SECONDS + 30
+    print(f"\nkilled --sync run behind the pooler: first chunk committed by the cluster "
+          f"{took_over:.2f} s after the kill (claim {CLAIM_SECONDS} s), run finished "
+          f"{(run.finished_at - killed).total_seconds():.1f} s after it")
 
 
-def test_a_sync_run_frozen_behind_the_pooler_releases_its_rows_and_is_taken_over(
+def test_a_sync_run_frozen_behind_the_pooler_releases_its_rows_and_the_cluster_finishes_it(
         cluster_and_commands):
     pooled = cluster_and_commands
     renewed, kept = backlog()
@@ -215,6 +232,7 @@ def test_a_sync_run_frozen_behind_the_pooler_releases_its_rows_and_is_taken_over
     pooled.manage("qcluster")
     sync = pooled.manage("cleanup_dispatch", "--policy", POLICY, "--sync", FREEZE_AT_CHUNK="3")
     wait_for(lambda: stopped(sync), timeout=60, what="the --sync process to freeze mid-chunk")
+    frozen = timezone.now()
     frozen_at = time.monotonic()
     run = the_run()
     frozen_chunk = run.chunks.get(chunk_id=3)
@@ -239,24 +257,26 @@ def test_a_sync_run_frozen_behind_the_pooler_releases_its_rows_and_is_taken_over
                  what="the frozen session's locks to be released")
     released = time.monotonic() - frozen_at
 
-    wait_for(lambda: not Run.objects.get(pk=run.pk).in_process, timeout=150, interval=0.2,
-             what="the cluster to take the run over")
-    taken_over = time.monotonic() - frozen_at
+    # The cluster gets the frozen process's messages once their claim lapses.
     wait_for(lambda: Run.objects.get(pk=run.pk).state == Run.State.COMPLETED, timeout=180,
              interval=0.5, what="the cluster to finish the run")
+    took_over = (first_commit_after(run, frozen) - frozen).total_seconds()
+    print(f"\nfrozen --sync run behind the pooler: rows released {released:.1f} s after it "
+          f"froze, first chunk committed by the cluster {took_over:.2f} s after")
+    assert took_over >= CLAIM_SECONDS - 1  # its messages were taken just before
     the_ledger_equals_reality(run, renewed + kept)
     counted = Chunk.objects.get(pk=frozen_chunk.pk)
 
     # The frozen process wakes up late: it applies and counts nothing more.
     sync.send_signal(signal.SIGCONT)
-    sync.wait(60)
+    assert sync.wait(60) == 0, pooled.output(sync)
     the_ledger_equals_reality(run, renewed + kept)
     assert Chunk.objects.get(pk=frozen_chunk.pk).rows_deleted == counted.rows_deleted
     output = pooled.output(sync)
-    assert "taken over by the workers" in output, output
+    # Chunks #1 and #2 are its own; #3, rolled back by the server, the cluster's.
+    assert ("applied here: 40 rows deleted in 2 chunks (the run's chunks: 2,000 of 2,000 "
+            "rows deleted in all)") in output, output
     assert released <= IDLE_MS / 1000 + 3
-    print(f"\nfrozen --sync run behind the pooler: rows released {released:.1f} s after it "
-          f"froze, run taken over {taken_over:.1f} s after")
 
 
 def test_a_held_policy_goes_on_by_itself_once_the_pressure_clears_three_times(

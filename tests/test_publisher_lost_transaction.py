@@ -240,15 +240,15 @@ import time
 import django
 django.setup()
 from django.core.management import call_command
-from cleanup.outbox import register
+from cleanup.outbox import register_handler
 from tests.outbox_handlers import record_effect
 
 def sleep_past_the_idle_bound(event):
     record_effect(event)
     time.sleep(3)
 
-register("slow", sleep_past_the_idle_bound)
-register("seat.freed", record_effect)
+register_handler("slow", sleep_past_the_idle_bound)
+register_handler("seat.freed", record_effect)
 call_command("cleanup_publish", "--json")
 """
 

@@ -10,7 +10,7 @@ from django_q.models import Task
 
 from cleanup.engine.dispatch import dispatch, dispatch_in_process
 from cleanup.engine.worker import apply_chunk
-from cleanup.models import Chunk, LedgerTotal, Run
+from cleanup.models import Chunk, Run, Total
 from cleanup.retention import PURGE_CHUNKS, PURGE_RUNS, PURGE_TASK_RESULTS
 from tests.test_metrics import scrape, value
 
@@ -51,7 +51,8 @@ def test_old_chunks_then_runs_are_purged_and_counters_keep_their_values(client, 
     dispatch_in_process(PURGE_RUNS)
     assert not Run.objects.filter(pk=old_run.pk).exists()
     assert counters(client) == before
-    assert LedgerTotal.objects.get(policy="expire-leases", key="rows_deleted").value == 5
+    assert Total.objects.get(family="policy", subject="expire-leases").figures[
+        "rows_deleted"] == 5
 
 
 def test_recent_and_unfinished_ledger_rows_stay(client, expired_leases):

@@ -1,13 +1,10 @@
-"""What a dispatch says of a halted policy and of a --sync run it shared: a failing halt
-waits for a resume (never "a worker looks again by itself"), a --sync process counts
-the rows it applied apart from the run's and names who took its run over, and the
-halt its own chunks opened is in its result."""
+"""What a dispatch says of a halted policy: a failing halt waits for a resume (never "a
+worker looks again by itself"), and the halt a --sync run's own chunks opened is in its
+result."""
 
 from __future__ import annotations
 
 import json
-import signal
-import time
 from io import StringIO
 
 import pytest
@@ -17,8 +14,7 @@ from cleanup import faults
 from cleanup.engine import halts
 from cleanup.engine.dispatch import dispatch
 from cleanup.engine.pressure import Level, Signal
-from cleanup.models import Halt, Run
-from tests.conftest import manage, wait_for
+from cleanup.models import Halt
 from tests.engine_app.factories import AccountFactory, LeaseFactory
 
 
@@ -74,69 +70,3 @@ def test_a_sync_run_whose_own_chunks_halt_the_policy_says_so(settings, chunk_siz
     assert ("nothing more is planned until it is resumed (cleanup_resume --policy "
             "expire-leases)") in result["summary"]
     assert result["sync"]["rows_changed"] == result["sync"]["run_rows_changed"] == 0
-
-
-SETTINGS = """
-import os
-import signal
-
-from tests.settings import *  # noqa: F403
-from cleanup import faults
-
-LEASES_EXPIRE_CHUNK_SIZE = 2
-CLEANUP_CHUNK_BUDGET_MS = 0
-CLEANUP_SYNC_LEASE_SECONDS = 2
-CLEANUP_IDLE_IN_TRANSACTION_TIMEOUT_MS = 1000
-_applied = []
-
-
-def _freeze_at_the_third_chunk():
-    _applied.append(1)
-    if len(_applied) == 3:
-        os.kill(os.getpid(), signal.SIGSTOP)
-
-
-if os.environ.get("FREEZE"):
-    _freeze = faults.injected(faults.BEFORE_COMMIT, _freeze_at_the_third_chunk)
-    _freeze.__enter__()
-"""
-
-
-# transaction=True: the frozen process and this test see each other's commits.
-@pytest.mark.django_db(transaction=True)
-def test_a_frozen_sync_process_counts_its_own_rows_and_names_the_process_that_took_over(
-        tmp_path, settings):
-    (tmp_path / "frozen_settings.py").write_text(SETTINGS)
-    settings.LEASES_EXPIRE_CHUNK_SIZE = 2
-    settings.CLEANUP_SYNC_LEASE_SECONDS = 2
-    LeaseFactory.create_batch(20, account=AccountFactory(), expired=True)
-    env = {"DJANGO_SETTINGS_MODULE": "frozen_settings", "PYTHONPATH": str(tmp_path)}
-    frozen = manage("cleanup_dispatch", "--policy", "expire-leases", "--sync", "--key", "k",
-                    FREEZE="1", **env)
-    try:
-        wait_for(lambda: frozen.poll() is not None or _stopped(frozen.pid), timeout=60,
-                 what="the --sync to freeze")
-        assert frozen.poll() is None, frozen.communicate()[0]
-        time.sleep(2.5)  # past its lease
-        out = StringIO()
-        call_command("cleanup_dispatch", "--policy", "expire-leases", "--sync", "--key", "k",
-                     stdout=out)
-    finally:
-        frozen.send_signal(signal.SIGCONT)
-    output, _ = frozen.communicate(timeout=60)
-
-    run = Run.objects.get()
-    assert run.state == Run.State.COMPLETED
-    assert frozen.returncode == 0, output
-    summary = output.strip().splitlines()[-1]
-    # It applied chunks #1 and #2 (4 rows) before freezing in #3, which the server
-    # rolled back when it ended its idle session.
-    assert ("applied here: 4 rows deleted in 2 chunks (the run's chunks: 20 of 20 rows "
-            "deleted in all); taken over by another process applying it (--sync)") in summary
-    assert "applied here: 16 rows deleted in 8 chunks (the run's chunks: 20 of 20 rows" in (
-        out.getvalue())
-
-
-def _stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] == "T"

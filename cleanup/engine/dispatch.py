@@ -20,21 +20,17 @@ from math import ceil
 
 import structlog
 from django.db import DatabaseError, IntegrityError, connections, transaction
-from django.db.models import Count, Q, Subquery, Sum
+from django.db.models import Count, Subquery, Sum
 from django.db.models.functions import Coalesce
-from django.utils import timezone
-from django_q.conf import Conf
 
 from cleanup.conf import conf
 from cleanup.cutoffs import frozen_cutoff
 from cleanup.display import number, utc_text
-from cleanup.engine import frontier, halts, planning, sizing, sync_lease, transitions, window
+from cleanup.engine import frontier, halts, planning, sizing, transitions, transport, window
 from cleanup.engine.in_process import (
     Applied,
     Progress,
     apply_in_process,
-    rows_changed_by,
-    waiting_behind,
 )
 from cleanup.exceptions import BadKey, KeyReused
 from cleanup.expressions import count_of
@@ -213,17 +209,12 @@ def dispatch(
     policy, or with a scheme or cutoff that contradicts the run, it is refused. Every
     input is checked before anything is written. With ``coalesce_within``, a running
     run of the policy started that recently is returned instead of a new one (checked
-    under the policy's planning lock, so concurrent requests cannot both miss it), once
-    any run whose ``--sync`` process died has been taken over.
+    under the policy's planning lock, so concurrent requests cannot both miss it).
     """
     request = _request(policy_name, scheme, cutoff, key, trigger, replay_of)
-    if Conf.SYNC:
-        # django-q2's sync mode would run each task inside the dispatch's transaction,
-        # before the run commits: the chunks are applied after it instead.
-        return _dispatch_here(request, coalesce_within=coalesce_within)
     if existing := _run_of_key(request):
         return _existing(existing, request)
-    result = _create(request, uuid.uuid4(), in_process=False, coalesce_within=coalesce_within)
+    result = _create(request, uuid.uuid4(), coalesce_within=coalesce_within)
     # None: another dispatcher with the same key committed first.
     return result or _existing(Run.objects.get(dispatch_key=request.key), request)
 
@@ -237,12 +228,12 @@ def dispatch_in_process(
     trigger: str = Run.Trigger.COMMAND,
     progress: Progress | None = None,
 ) -> DispatchResult:
-    """``dispatch``, then apply the run's chunks in this process instead of the queue
-    (``--sync``), under the run's lease (cleanup.engine.sync_lease); the run is handed
-    to the queue if this process cannot finish it. ``progress(chunks, rows, eligible)``
-    is called after each chunk applied."""
+    """``dispatch``, then apply the run's chunks in this process, taking their messages
+    from the queue as a worker would (``--sync``: cleanup.engine.in_process); what it
+    does not finish is the queue's. ``progress(chunks, rows, eligible)`` is called after
+    each chunk applied."""
     request = _request(policy_name, scheme, cutoff, key, trigger, None)
-    return _dispatch_here(request, progress=progress)
+    return _dispatch_here(request, progress)
 
 
 def preview_dispatch(
@@ -307,31 +298,31 @@ def _run_of_key(request: Request) -> Run | None:
     return Run.objects.filter(dispatch_key=request.key).first()
 
 
-def _dispatch_here(request: Request, *, coalesce_within: timedelta | None = None,
-                   progress: Progress | None = None) -> DispatchResult:
-    """Dispatch, then apply the run's chunks in this process under its lease."""
-    if existing := _run_of_key(request):
-        return _existing(existing, request, here=True, progress=progress)
-    run_id = uuid.uuid4()
-    # The lease is taken before the run commits, so no session ever sees the run in
-    # process with nobody holding it.
-    with sync_lease.holding(run_id):
-        result = _create(request, run_id, in_process=True, coalesce_within=coalesce_within)
-        if result is not None and result.created:
-            return _with_applied(result, apply_in_process(result.run, progress))
-    if result is None:
-        return _existing(Run.objects.get(dispatch_key=request.key), request, here=True,
-                         progress=progress)
-    return result  # a run in flight took the request
+def _dispatch_here(request: Request, progress: Progress | None) -> DispatchResult:
+    """Dispatch, then apply the run's chunks in this process; for a key that names a
+    run already, apply what is left of that one."""
+    run = _run_of_key(request)
+    if run is None:
+        run_id = uuid.uuid4()
+        # Taken from before the run commits: its first window's messages are this process's.
+        with transport.applying_here(run_id) as taken:
+            if (result := _create(request, run_id, coalesce_within=None)) is not None:
+                return _with_applied(result, apply_in_process(result.run, taken, progress))
+        run = Run.objects.get(dispatch_key=request.key)  # another dispatch of the key was first
+    result = _existing(run, request)  # refuses a request the key's run contradicts
+    if run.state == Run.State.RUNNING:
+        with transport.applying_here(run.pk) as taken:
+            applied = apply_in_process(run, taken, progress)
+        result = _with_applied(_existing(run, request), applied)
+    return result
 
 
-def _create(request: Request, run_id, *, in_process: bool,
+def _create(request: Request, run_id, *,
             coalesce_within: timedelta | None) -> DispatchResult | None:
     """Create the run and send its first window (or join a run in flight), then count
     what was eligible; None if another dispatcher with the same key committed first."""
     try:
-        run, created = _start(request, run_id, in_process=in_process,
-                              coalesce_within=coalesce_within)
+        run, created = _start(request, run_id, coalesce_within=coalesce_within)
     except IntegrityError:
         return None
     if not created:
@@ -340,22 +331,20 @@ def _create(request: Request, run_id, *, in_process: bool,
     result = _result(run, request, created=True, first=True)
     log.info("dispatched", dispatch_key=request.key, trigger=str(request.trigger),
              window=run.window, chunk_size=run.chunk_size, max_span=run.max_span,
-             in_process=run.in_process, **_logged(result))
+             **_logged(result))
     return result
 
 
-def _start(request: Request, run_id, *, in_process: bool,
+def _start(request: Request, run_id, *,
            coalesce_within: timedelta | None) -> tuple[Run, bool]:
     """Create the run and plan its first window in one transaction, or find the run in
     flight a slot joins; return the run and whether it was created."""
     policy, scheme = request.policy, request.scheme
     with transaction.atomic():
         window.lock_policy(policy.name)
-        if coalesce_within is not None:
-            # Never join a run that nobody applies: a dead --sync run is the queue's first.
-            window.take_over_abandoned(policy.name)
-            if in_flight := _in_flight(policy, coalesce_within):
-                return in_flight, False
+        joined = coalesce_within is not None and window.run_to_join(policy, coalesce_within)
+        if joined:
+            return joined, False
         size = sizing.chunk_size(policy, scheme)
         max_span = sizing.max_span(policy, scheme, size)
         span = planning.span(policy, request.frozen, scheme)
@@ -377,7 +366,6 @@ def _start(request: Request, run_id, *, in_process: bool,
             frontier=frontier.dump(span.frontier),
             planned_all=span.frontier is None,
             window=window.size(policy),
-            in_process=in_process,
         )
         # The first window; the run waits for room if the policy's other runs
         # hold the whole window.
@@ -434,7 +422,7 @@ def _result(run: Run, request: Request, *, created: bool, coalesced: bool = Fals
         request, run, created=created, coalesced=coalesced,
         first_chunks=run.chunks_planned if first else 0,
         first_rows=run.candidates if first else 0,
-        waiting_behind=waiting_behind(run) if waiting else None,
+        waiting_behind=window.waiting_behind(run) if waiting else None,
         halts=tuple(halts.open_halts(run.policy)),
     )
 
@@ -470,22 +458,8 @@ def check_key(key: str | None) -> str | None:
     return key
 
 
-def _in_flight(policy: Policy, within: timedelta) -> Run | None:
-    """A running run of the policy that a new slot joins: one started within
-    ``within``, or one still planning (its chunks keep coming, whatever its age)."""
-    return (
-        Run.objects.filter(policy=policy.name, state=Run.State.RUNNING)
-        .filter(Q(created_at__gte=timezone.now() - within)
-                | Q(planned_all=False, planning_error=""))
-        .order_by("-created_at")
-        .first()
-    )
-
-
-def _existing(run: Run, request: Request, *, here: bool = False,
-              progress: Progress | None = None) -> DispatchResult:
-    """Return the run a key already names, if the request is the same one (``here``:
-    and apply what is left of it in this process)."""
+def _existing(run: Run, request: Request) -> DispatchResult:
+    """Return the run a key already names, if the request is the same one."""
     contradictions = [
         f"{what} {asked} (the run has {has})"
         for what, asked, has in (
@@ -500,23 +474,8 @@ def _existing(run: Run, request: Request, *, here: bool = False,
             f"dispatch key {run.dispatch_key!r} belongs to run {run.id}; this request asks "
             f"for {', '.join(contradictions)}: use another key"
         )
-    applied = _finish_here(run, progress) if here else None
     run.refresh_from_db()
-    return replace(_result(run, request, created=False), applied=applied)
-
-
-def _finish_here(run: Run, progress: Progress | None) -> Applied | None:
-    """Apply what an interrupted --sync run of this key (or the queue) left unfinished,
-    unless another live process applies it; None if the run has finished."""
-    if not sync_lease.acquire(run.pk):
-        return Applied(0, 0, rows_changed_by(run), note="another process is applying this "
-                       "run (it holds the run's lease); nothing was applied here")
-    try:
-        if not transitions.queued_to_in_process(run.pk):
-            return None
-        return apply_in_process(run, progress)
-    finally:
-        sync_lease.release(run.pk)
+    return _result(run, request, created=False)
 
 
 def describe_dispatch(result: DispatchResult) -> str:
@@ -580,8 +539,6 @@ def _planned(result: DispatchResult) -> str:
 
 
 def _applied(result: DispatchResult, applied: Applied) -> str:
-    if applied.chunks == 0 and applied.note and not applied.handed_over:
-        return applied.note  # another process applies it
     verb = "updated" if result.mutation == "update" else "deleted"
     of_eligible = ("" if result.eligible is None
                    else f" of {_count(result.eligible, 'row')}")

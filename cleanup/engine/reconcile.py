@@ -4,8 +4,7 @@ With the ORM broker a run's messages commit with it and an unacknowledged messag
 comes back after its redelivery window. With another broker (Redis) messages are sent after the
 commit and a message taken by a worker that died is gone; a purged queue loses them
 too. Both leave chunks unfinished and silent, which is what this looks for. A
-spurious re-send is harmless: the conditional DELETE makes it a no-op. A run whose
-``--sync`` process died is handed to the queue first, so its chunks are sent at once.
+spurious re-send is harmless: the conditional DELETE makes it a no-op.
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ class ReconcileResult:
     resent: int
     never_sent: int
     planned: int = 0  # chunks planned for runs whose window had room nobody filled
-    taken_over: int = 0  # in-process (--sync) runs whose process was gone
 
 
 def reconcile(now: datetime | None = None) -> ReconcileResult:
@@ -44,20 +42,16 @@ def reconcile(now: datetime | None = None) -> ReconcileResult:
     queue is never flooded with copies; chunks a delivery holds right now are skipped.
     """
     now = now or timezone.now()
-    taken_over = _take_over_abandoned()
     planned = _top_up_windows()
     silent_since = now - redelivery_window()
     if get_broker().queue_size():
         # Messages are still waiting: silence may be a backlog, not a loss. Re-sending
         # now would pile copies on the queue; once it drains, the lost ones show.
-        return ReconcileResult(0, 0, planned, taken_over)
+        return ReconcileResult(0, 0, planned)
     with transaction.atomic():
         chunks = list(
             Chunk.objects.select_for_update(of=("self",), skip_locked=True)
-            # A run still in process is its live process's to apply (a dead one's
-            # was taken over above): its planned chunks are not lost, only not sent.
-            .filter(state__in=Chunk.UNFINISHED, run__state=Run.State.RUNNING,
-                    run__in_process=False)
+            .filter(state__in=Chunk.UNFINISHED, run__state=Run.State.RUNNING)
             .alias(last_seen=Greatest(
                 Coalesce("last_delivery_at", "planned_at"),
                 Coalesce("enqueued_at", "planned_at"),
@@ -73,21 +67,7 @@ def reconcile(now: datetime | None = None) -> ReconcileResult:
     for chunk in chunks:
         log.warning("chunk re-sent by the reconciler", run_id=str(chunk.run_id),
                     chunk_id=chunk.chunk_id, state=chunk.state)
-    return ReconcileResult(len(chunks), len(never_sent), planned, taken_over)
-
-
-def _take_over_abandoned() -> int:
-    """Hand in-process runs whose process is gone to the queue."""
-    taken = 0
-    policies = (Run.objects.filter(state=Run.State.RUNNING, in_process=True)
-                .values_list("policy", flat=True).distinct().order_by("policy"))
-    for policy in policies:
-        try:
-            with transaction.atomic():
-                taken += len(window.take_over_abandoned(policy))
-        except Exception as exc:  # noqa: BLE001 - one policy must not stop the others
-            log.error("taking over in-process runs failed", policy=policy, error=str(exc))
-    return taken
+    return ReconcileResult(len(chunks), len(never_sent), planned)
 
 
 def _top_up_windows() -> int:

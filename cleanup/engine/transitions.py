@@ -20,8 +20,7 @@ cleanup.engine.outcomes's, one level up.
 
 A run is running while it is still planning (cleanup.engine.window) or any chunk is
 unfinished, then completed or completed with dead letters (``settle_run``);
-``cancel_runs`` ends it for good. A run its dispatching process applies (``--sync``) is
-handed to the queue (``hand_over``) when that process gives it up or dies.
+``cancel_runs`` ends it for good.
 """
 
 from __future__ import annotations
@@ -265,27 +264,11 @@ def late_to_cancelled(chunk: Chunk) -> bool:
         state=Chunk.State.CANCELLED))
 
 
-def in_process_to_queued(run_id) -> bool:
-    """in process → queued: a running run its dispatching process no longer applies
-    (it died, or gave the run up) is the workers' from now on; False if it was not
-    in process or has finished (a finished run keeps the record of how it ran)."""
-    return bool(Run.objects.filter(pk=run_id, state=Run.State.RUNNING, in_process=True)
-                .update(in_process=False))
-
-
 def record_eligible(run_id, rows: int) -> bool:
     """The rows eligible at dispatch, recorded once (a fact of the dispatch, like its
     cutoff); False if it had been recorded already."""
     return bool(Run.objects.filter(pk=run_id, eligible_at_dispatch__isnull=True)
                 .update(eligible_at_dispatch=rows))
-
-
-def queued_to_in_process(run_id) -> bool:
-    """queued → in process: a ``--sync`` dispatch of the run's key applies what is left
-    of it here; False if the run has finished. Chunks of it still in the queue are
-    applied here too: their queued deliveries then find nothing left, and are no-ops."""
-    return bool(Run.objects.filter(pk=run_id, state=Run.State.RUNNING)
-                .update(in_process=True))
 
 
 def settle_run(run_id) -> Run:
@@ -358,9 +341,3 @@ def count_reconciled(pks: Iterable[int], now: datetime) -> None:
     """Chunks the reconciler re-sent."""
     Chunk.objects.filter(pk__in=list(pks)).update(reconciled_at=now,
                                                   reconciles=F("reconciles") + 1)
-
-
-def to_folded(pks: Iterable[int]) -> int:
-    """Mark chunks folded: their counters are in LedgerTotal now
-    (cleanup.observability.counters); any later change unfolds them in the database."""
-    return Chunk.objects.filter(pk__in=list(pks), folded=False).update(folded=True)

@@ -9,10 +9,8 @@ sent; with django-q2's ORM broker the message commits with the transaction that
 planned it, with another broker it is sent after that commit (and the reconciler
 sends one that a crash in between left planned).
 
-A run its dispatching process applies (``--sync``) plans its chunks without sending
-them. Its process holds a lease on it (cleanup.engine.sync_lease); once the lease lapses
-(the process died, froze or lost the database), whoever looks first hands the run to
-the queue: its unfinished chunks are sent and the window goes on as for any other run.
+A run its dispatching process applies (``--sync``) is planned and sent like any other;
+that process takes its messages from the queue (cleanup.engine.in_process).
 """
 
 from __future__ import annotations
@@ -20,6 +18,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 
 import structlog
 from django.db import connection, transaction
@@ -36,7 +35,6 @@ from cleanup.engine import (
     planning,
     pressure,
     sizing,
-    sync_lease,
     transitions,
     transport,
 )
@@ -100,18 +98,17 @@ def _top_up(policy: Policy, *, strict: bool = False, recheck: bool = True) -> To
     lock_policy(policy.name)
     # With each run, in the same statement, the policy's chunks in flight and whether it
     # has a halt open (each subquery is computed once): a chunk's end reads no more.
-    runs = list(Run.objects.filter(policy=policy.name, state=Run.State.RUNNING)
-                .filter(Q(planned_all=False) | Q(in_process=True))
-                .annotate(flying=count_of(_unfinished(policy.name)),
+    unfinished = _unfinished(policy.name)
+    runs = list(Run.objects.filter(policy=policy.name, state=Run.State.RUNNING,
+                                   planned_all=False)
+                .annotate(flying=count_of(unfinished),
                           halted=Exists(Halt.objects.filter(policy=policy.name,
                                                             ended_at__isnull=True)))
                 .order_by("created_at", "pk")
-                .values_list("pk", "planned_all", "in_process", "flying", "halted"))
-    taken = _take_over(policy.name, [pk for pk, _, in_process, *_ in runs if in_process])
-    if not (runs := [row for row in runs if not row[1]]):
+                .values_list("pk", "flying", "halted"))
+    if not runs:
         return TopUp()  # every run planned: no pressure to read
-    _, _, _, flying, any_halt = runs[0]
-    flying = in_flight(policy.name) if taken else flying  # the take-over sent chunks
+    _, flying, any_halt = runs[0]
     signal = pressure.check(policy)
     # Nothing to keep in line when no halt is open and the signal opens none.
     halted = (halts.record_pressure(policy.name, signal)
@@ -167,75 +164,6 @@ def _top_up_run(run_id, policy: Policy, room: int, *, slow: bool = False) -> tup
     return added, not run.planned_all
 
 
-def take_over_abandoned(policy_name: str) -> list:
-    """Hand the policy's in-process runs whose process is gone to the queue, in the
-    caller's transaction; return their ids.
-
-    Whoever notices first does it: a chunk's top-up, the reconciler, a dispatch
-    before it coalesces a slot (which must never join a run that nobody applies).
-    """
-    lock_policy(policy_name)
-    taken = _take_over(policy_name, list(
-        Run.objects.filter(policy=policy_name, state=Run.State.RUNNING, in_process=True)
-        .values_list("pk", flat=True)))
-    if taken and (policy := find_policy(policy_name)) is not None:
-        top_up(policy)  # the window refilled, as a chunk's end would
-    return taken
-
-
-def _take_over(policy_name: str, in_process: list) -> list:
-    if not in_process:
-        return []
-    alive = sync_lease.alive(in_process)
-    taken = []
-    for run_id in in_process:
-        if run_id in alive:
-            continue
-        try:
-            with transaction.atomic():
-                # Ended under the lease row's lock: an owner renewing meanwhile waits,
-                # then finds it gone.
-                if sync_lease.lapsed_in_transaction(run_id) and _to_queue(run_id):
-                    taken.append(run_id)
-        except Exception as exc:  # noqa: BLE001 - the next noticer tries again
-            log.error("taking over an abandoned in-process run failed", policy=policy_name,
-                      run_id=str(run_id), error=str(exc))
-            continue
-        log.warning("in-process run taken over by the workers", policy=policy_name,
-                    run_id=str(run_id),
-                    reason="its --sync process is gone: its lease lapsed")
-    return taken
-
-
-def hand_over(run_id, reason: str) -> bool:
-    """Give a run this process applied (``--sync``) to the queue: its unfinished chunks
-    are sent and the policy's window is topped up; False if it was no longer in process
-    (taken over meanwhile) or has finished."""
-    with transaction.atomic():
-        name = Run.objects.filter(pk=run_id).values_list("policy", flat=True).first()
-        if name is None:
-            return False
-        lock_policy(name)
-        handed = _to_queue(run_id)
-        if (policy := find_policy(name)) is not None:
-            top_up(policy)
-    if handed:
-        log.info("run handed to the queue", run_id=str(run_id), policy=name, reason=reason)
-    return handed
-
-
-def _to_queue(run_id) -> bool:
-    """in process → queued, and the unfinished chunks sent (with the ORM broker in this
-    transaction, otherwise once it commits)."""
-    if not transitions.in_process_to_queued(run_id):
-        return False
-    if transport.queue_shares_transaction():
-        transport.send_unfinished(run_id)
-    else:
-        transaction.on_commit(lambda: transport.send_unfinished(run_id))
-    return True
-
-
 def top_up_safely(policy: Policy) -> TopUp:
     """``top_up`` in a savepoint: a chunk's outcome commits even if planning the next
     one fails (the reconciler tops the window up again later)."""
@@ -266,16 +194,16 @@ def _plan_next(run: Run, policy: Policy) -> bool:
         return False
     chunk_id = run.chunks_planned + 1
     now = timezone.now()
-    send_now = not run.in_process and transport.queue_shares_transaction()
+    send_now = transport.queue_shares_transaction()
     row = transitions.plan_chunk(
         run, chunk_id,
         _message(run, chunk_id, chunk, partitioned=policy.partition_column is not None),
         chunk.rows, send_now=send_now, now=now,
     )
     if send_now:
-        transport.send([row], count=False)
-        run.messages_sent += 1  # saved with the run's planning (record_planning)
-    elif not run.in_process:
+        # Saved with the run's planning (record_planning).
+        run.messages_sent += transport.send([row], count=False)
+    else:
         run_id = run.pk
         transaction.on_commit(lambda: transport.send_planned(run_id))
     run.chunks_planned = chunk_id
@@ -349,3 +277,24 @@ def _recheck_interval() -> float:
 
 def _recheck_lease(policy_name: str) -> str:
     return f"recheck:{policy_name}"
+
+
+def waiting_behind(run: Run):
+    """The oldest other running run of the policy with chunks in flight: the one a run
+    that got no room in the window waits behind."""
+    return (Run.objects.filter(policy=run.policy, state=Run.State.RUNNING,
+                               chunks__state__in=Chunk.UNFINISHED)
+            .exclude(pk=run.pk).order_by("created_at", "pk")
+            .values_list("pk", flat=True).first())
+
+
+def run_to_join(policy: Policy, within: timedelta) -> Run | None:
+    """A running run of the policy that a new slot joins: one started within
+    ``within``, or one still planning (its chunks keep coming, whatever its age)."""
+    return (
+        Run.objects.filter(policy=policy.name, state=Run.State.RUNNING)
+        .filter(Q(created_at__gte=timezone.now() - within)
+                | Q(planned_all=False, planning_error=""))
+        .order_by("-created_at")
+        .first()
+    )

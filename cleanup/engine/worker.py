@@ -26,12 +26,11 @@ from cleanup.engine import (
     messages,
     outcomes,
     pressure,
-    sync_lease,
     transitions,
     transport,
 )
 from cleanup.engine.messages import ChunkMessage
-from cleanup.exceptions import LeaseLost, MalformedMessage, UnknownPolicy, traceback_of
+from cleanup.exceptions import MalformedMessage, UnknownPolicy, traceback_of
 from cleanup.expressions import PairsIn
 from cleanup.models import Chunk, OrphanMessage, Run
 from cleanup.policies import Policy, get_policy
@@ -87,13 +86,13 @@ class Outcome(StrEnum):
     DEAD_LETTERED = "dead_lettered"
 
 
-def apply_chunk(raw, *, leased: bool = False) -> Outcome:
+def apply_chunk(raw, *, here: bool = False) -> Outcome:
     """Apply one delivery of a chunk message and return its outcome.
 
     Returns only after the outcome committed. A transient error that outlasts the
-    in-task retries is re-raised, so the broker delivers the message again. ``leased``:
-    this process applies the run under its ``--sync`` lease, renewed in the chunk's
-    transaction; ``LeaseLost`` if the run was taken over (nothing applied here).
+    in-task retries is re-raised, so the broker delivers the message again. ``here``:
+    the process that dispatched the run applies it (``--sync``), and no broker's
+    acknowledgement follows the commit, which is therefore flushed before it returns.
     """
     try:
         message = messages.parse(raw)
@@ -101,8 +100,6 @@ def apply_chunk(raw, *, leased: bool = False) -> Outcome:
     except (MalformedMessage, UnknownPolicy) as exc:
         return _dead_letter_message(raw, exc)
 
-    if leased and not sync_lease.renew(message.run_id):
-        raise LeaseLost(f"run {message.run_id} was taken over by the workers")
     chunk, delivery = _start_delivery(raw, message, policy)
     if chunk is None or chunk.state == Chunk.State.DEAD_LETTERED:
         return Outcome.DEAD_LETTERED
@@ -114,10 +111,8 @@ def apply_chunk(raw, *, leased: bool = False) -> Outcome:
         pressure.check(policy)
         try:
             with pressure.holding_rows():
-                return _apply(chunk, message, policy, retries, delivery, leased=leased,
+                return _apply(chunk, message, policy, retries, delivery, here=here,
                               skip_locked=skip_locked)
-        except LeaseLost:
-            raise
         except Exception as exc:
             _reset_broken_connection()
             if not skip_locked and wait_ran_out(exc):
@@ -152,12 +147,10 @@ def chunk_statement(policy: Policy, message: ChunkMessage, frozen: dict[str, dat
 
 
 def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int,
-           delivery: int, *, leased: bool = False, skip_locked: bool = False) -> Outcome:
+           delivery: int, *, here: bool = False, skip_locked: bool = False) -> Outcome:
     started, waited = time.monotonic(), cpu_wait.waited()
     with _chunk_transaction():
-        bound_transaction(chunk, durable_before_ack=not leased)
-        if leased and not sync_lease.renew(chunk.run_id):
-            raise LeaseLost(f"run {chunk.run_id} was taken over by the workers")
+        bound_transaction(chunk, durable_before_ack=not here)
         faults.reach(faults.BEFORE_CHUNK_LOCK)
         # Not the message: the delivery's start already compared it with the ledger.
         current = (Chunk.objects.select_for_update().only("state", "planned_rows", "run_id")
@@ -216,7 +209,7 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int,
 def _locked(doomed):
     """Lock the rows the DELETE is about to remove and narrow it to exactly those.
 
-    A hook that sums what is deleted (the ledger purge's roll-up) must see the same
+    A hook that records what is deleted (a host's archive, say) must see the same
     rows as the DELETE; without the narrowing, a row that became eligible while the lock
     waited (a chunk committing meanwhile) would be deleted without being summed. It
     waits for the next run instead.

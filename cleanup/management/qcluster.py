@@ -12,7 +12,7 @@ from pathlib import Path
 
 
 @dataclass
-class Cluster:
+class QCluster:
     """One ``manage.py qcluster`` subprocess, in a session of its own (two hosts'
     worth means two of these)."""
 

@@ -4,11 +4,10 @@ from django.db import migrations, models
 
 
 def install_unfold_trigger(apps, schema_editor):
-    # Compiled from the engine's current aggregates: a later change to them comes with
-    # a migration that runs this again (tests/test_counters_fold.py pins the two).
-    from cleanup.observability.counters import install_unfold_trigger
-
-    install_unfold_trigger(schema_editor)
+    """Installed the trigger that unfolded a folded chunk before it changed. Folding is
+    gone since 0022 (totals are counted as each change commits), which drops the
+    trigger where an earlier release installed it: a database migrated now never needs
+    it."""
 
 
 # Counter keys renamed to the fields they sum: totals purges rolled up under the old

@@ -2,11 +2,10 @@ from django.db import migrations, models
 
 
 def install_unfold_trigger(apps, schema_editor):
-    # The trigger takes a folded chunk's counters back out of LedgerTotal: compiled
-    # again, it takes rows_locked out too.
-    from cleanup.observability.counters import install_unfold_trigger
-
-    install_unfold_trigger(schema_editor)
+    """Installed the trigger that unfolded a folded chunk before it changed. Folding is
+    gone since 0022 (totals are counted as each change commits), which drops the
+    trigger where an earlier release installed it: a database migrated now never needs
+    it."""
 
 
 class Migration(migrations.Migration):

@@ -7,17 +7,17 @@ from cleanup.models.ledger import (
     ROWS_CHANGED,
     Chunk,
     CleanupOverview,
-    LedgerTotal,
     OrphanMessage,
     Run,
     ScheduleInstall,
     Slot,
+    Total,
     rows_changed,
 )
-from cleanup.models.outbox import Event, EventTotal
+from cleanup.models.outbox import Event
 
 __all__ = [
-    "ROWS_CHANGED", "Chunk", "CleanupOverview", "Event", "EventTotal", "Halt", "Lease",
-    "LedgerTotal", "MessageField", "OrphanMessage", "Run", "ScheduleInstall", "Slot",
-    "WorkerHeartbeat", "rows_changed",
+    "ROWS_CHANGED", "Chunk", "CleanupOverview", "Event", "Halt", "Lease", "MessageField",
+    "OrphanMessage", "Run", "ScheduleInstall", "Slot", "Total", "WorkerHeartbeat",
+    "rows_changed",
 ]

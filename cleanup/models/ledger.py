@@ -80,9 +80,6 @@ class Run(models.Model):
     window = models.PositiveSmallIntegerField(
         default=1, help_text="Chunks of the policy in flight at most, as at dispatch."
     )
-    in_process = models.BooleanField(
-        default=False, help_text="Applied by the dispatching process (--sync), not queued."
-    )
     chunk_size = models.PositiveIntegerField(
         default=0, help_text="Rows of the run's first chunks."
     )
@@ -219,11 +216,6 @@ class Chunk(models.Model):
     dead_lettered_at = models.DateTimeField(null=True, blank=True)
     discarded_at = models.DateTimeField(null=True, blank=True)
     reconciled_at = models.DateTimeField(null=True, blank=True)
-    folded = models.BooleanField(
-        default=False,
-        help_text="Counted in LedgerTotal instead of at each scrape; a change unfolds it "
-                  "(cleanup.observability.counters).",
-    )
     reconciles = models.PositiveIntegerField(
         default=0, help_text="Times the reconciler re-sent it as lost or never sent."
     )
@@ -243,9 +235,6 @@ class Chunk(models.Model):
             models.Index(fields=["run", "state"]), models.Index(fields=["state"]),
             # The observed field of the chunk purge (see Run's).
             models.Index(fields=["planned_at"], name="chunk_planned_at"),
-            # The scrape's pass reads the chunks not folded, a few among many.
-            models.Index(fields=["run"], condition=models.Q(folded=False),
-                         name="chunk_not_folded"),
             # The overview's rows per minute over the last hour, read every few seconds.
             models.Index(fields=["committed_at"], condition=models.Q(committed_at__isnull=False),
                          name="chunk_committed_at"),
@@ -348,19 +337,21 @@ class CleanupOverview(Run):
         verbose_name_plural = "Cleanup overview"
 
 
-class LedgerTotal(models.Model):
-    """Counter sums of ledger rows that a retention purge deleted, so /metrics
-    counters keep adding after the rows are gone, and of folded chunks (with their
-    states), so a scrape need not read them."""
+class Total(models.Model):
+    """The totals of a policy's ledger (``family`` "policy") or of an event name's
+    outbox (``family`` "event"): counters that only grow and keep what the purges
+    delete, and a policy's gauges (its chunks per state, its runs running). Counted by
+    the database as each change commits (cleanup/sql/totals_v1.sql), so /metrics reads
+    these few rows however large the ledger and the outbox grow."""
 
-    policy = models.CharField(max_length=100)
-    key = models.CharField(max_length=64)
-    value = models.BigIntegerField(default=0)
+    family = models.CharField(max_length=16)
+    subject = models.CharField(max_length=100)
+    figures = models.JSONField(default=dict)
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["policy", "key"], name="ledgertotal_unique_key")
+            models.UniqueConstraint(fields=["family", "subject"], name="total_unique_subject")
         ]
 
     def __str__(self) -> str:
-        return f"{self.policy} {self.key} = {self.value}"
+        return f"{self.family} {self.subject}"

@@ -86,22 +86,3 @@ class Event(models.Model):
     def dedup_id(self) -> str:
         """What an effect outside the database carries, the same on every resend."""
         return f"{self.name}/{self.key}"
-
-
-class EventTotal(models.Model):
-    """How many events of one name were delivered, or discarded, ever: counted in the
-    transaction that settles each (cleanup.outbox.events), so /metrics reads these few
-    rows however many events are kept, and totals never go down when the purge takes
-    the events."""
-
-    name = models.CharField(max_length=100)
-    state = models.CharField(max_length=16)
-    value = models.BigIntegerField(default=0)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["name", "state"], name="eventtotal_unique_name_state")
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.name} {self.state} = {self.value}"

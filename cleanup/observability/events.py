@@ -3,10 +3,11 @@ and how many were delivered, discarded or are dead.
 
 The waiting ones are read through the partial index of pending events
 (``event_pending_by_key`` and ``event_pending_unordered``), the dead ones through
-``event_dead``, and the totals are EventTotal's rows, counted as each event settled
-(cleanup.outbox.events): a scrape never counts the delivered events the outbox keeps
-for ``CLEANUP_EVENT_RETENTION_DAYS``. Each read is bounded like the backlogs'
-(``Budget``): past it the figures are left out of the scrape, unknown, never 0.
+``event_dead``, and the totals are each event name's row of cleanup.models.Total,
+counted as each event settled (cleanup.outbox.events): a scrape never counts the
+delivered events the outbox keeps for ``CLEANUP_EVENT_RETENTION_DAYS``. Each read is
+bounded like the backlogs' (``Budget``): past it the figures are left out of the
+scrape, unknown, never 0.
 """
 
 from __future__ import annotations
@@ -21,9 +22,15 @@ from cleanup.models import Event
 from cleanup.observability.backlog import Budget
 
 # Per name, the totals delivered and discarded, and the dead events (through the
-# partial index event_dead): a few rows however many events are kept.
+# partial index event_dead): a few rows however many events are kept. A total edited
+# by hand into something that is not a whole number is left out.
 SETTLED = """
-SELECT name, state, value FROM cleanup_eventtotal
+SELECT total.subject, figure.key, trunc(figure.value::text::numeric)::bigint
+FROM cleanup_total AS total,
+     jsonb_each(CASE WHEN jsonb_typeof(total.figures) = 'object' THEN total.figures
+                ELSE '{}' END) AS figure
+WHERE total.family = 'event' AND figure.key IN ('delivered', 'discarded')
+  AND jsonb_typeof(figure.value) = 'number' AND abs(figure.value::text::numeric) < 9e18
 UNION ALL
 SELECT name, 'dead', count(*) FROM cleanup_event WHERE state = 'dead' GROUP BY name
 ORDER BY 1, 2

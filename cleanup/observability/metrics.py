@@ -1,13 +1,12 @@
 """Prometheus figures read from the ledger at scrape time.
 
 Workers run in other processes and on other hosts than the web process that serves
-/metrics, so nothing here is counted in memory: every counter is a sum over the
-run and chunk rows (which only ever add), and every gauge a query of the current
-state. Any web process on any host therefore serves the same, right figures.
+/metrics, so nothing here is counted in memory: every counter and gauge is read from the
+database. Any web process on any host therefore serves the same, right figures.
 
-A scrape reads the chunks not folded and the runs once each (the counters and the
-chunk states in one pass; folded chunks are counted in LedgerTotal, see
-cleanup.observability.counters), and each policy's health as the console's overview
+A scrape reads the ledger's totals, one row per policy, which the database adds to as
+each change commits (cleanup.observability.counters), and each policy's health as the
+console's overview
 reads it (cleanup.observability.overview: the unfinished chunks through the state
 index, each policy's backlog through its own index, counted up to a cap), its backlog
 within the scrape's 40 ms a statement: p95 0.27 s while a run deletes a million rows

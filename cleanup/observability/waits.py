@@ -22,7 +22,7 @@ from django.utils.dateparse import parse_datetime
 from django_q.conf import Conf
 
 from cleanup import display
-from cleanup.engine import halts, sync_lease
+from cleanup.engine import halts
 from cleanup.models import Chunk, Run, WorkerHeartbeat
 
 WORKING_GAP = timedelta(seconds=5)
@@ -148,14 +148,6 @@ def why_it_waits(run: Run, now: datetime | None = None, *, halted: bool = True) 
                "resumed)" for halt in halts.open_halts(run.policy)] if halted else []
     if run.planning_error:
         reasons.append(f"planning failed: {run.planning_error.strip().splitlines()[0]}")
-    if run.in_process:
-        # Its process's lease, bounded as the takeover bounds it: a row edited by hand
-        # to hold for ever says nothing of a process that is gone.
-        reasons.append(
-            "applied by the process that dispatched it (--sync), not the queue"
-            if sync_lease.alive([run.pk]) else
-            "dispatched with --sync, but its process is gone (its lease lapsed): the "
-            "reconciler (each minute) hands it to the queue")
     unfinished = list(run.chunks.filter(state__in=Chunk.UNFINISHED).order_by("chunk_id")
                       .only("chunk_id", "state", "cause", "history", "enqueued_at",
                             "last_delivery_at", "deliveries", "run_id"))

@@ -12,12 +12,12 @@ INSERT as ``emit()``'s (``insert_per_row``).
 
 A failed attempt leaves the event pending, not taken before its back-off.
 
-Delivered and discarded events are counted in EventTotal by the transaction that
-settles them, so /metrics reads a few rows however many events the outbox keeps, and
-the purge deletes events without touching the totals. Each count is the last statement
-before its transaction commits, so the total's row lock (one row per name and state) is
-held for the commit alone: publishers delivering events of one name at once queue for a
-millisecond there, never for a handler's time.
+Delivered and discarded events are counted in the totals (cleanup.models.Total, one
+row per event name) by the statement that settles them, so /metrics reads a few rows
+however many events the outbox keeps, and the purge deletes events without touching
+the totals. Each count is the last statement before its transaction commits, so the
+total's row lock is held for the commit alone: publishers delivering events of one
+name at once queue for a millisecond there, never for a handler's time.
 """
 
 from __future__ import annotations
@@ -63,16 +63,14 @@ WITH delivered AS (
     WHERE id = %s AND state = 'pending'
     RETURNING name
 )
-INSERT INTO cleanup_eventtotal (name, state, value)
-SELECT name, 'delivered', 1 FROM delivered
-ON CONFLICT (name, state) DO UPDATE SET value = cleanup_eventtotal.value + 1
+SELECT cleanup_total_add_v1('event', name, '{"delivered": 1}') FROM delivered
 """
 
-# Count events just settled in ``state``, per name.
+# Count events just settled in ``state``, per name (in name order: concurrent counts
+# take the totals' row locks in one order).
 COUNT_SETTLED = """
-INSERT INTO cleanup_eventtotal (name, state, value)
-SELECT name, %s, count(*) FROM cleanup_event WHERE id = ANY(%s) GROUP BY name
-ON CONFLICT (name, state) DO UPDATE SET value = cleanup_eventtotal.value + excluded.value
+SELECT cleanup_total_add_v1('event', name, jsonb_build_object(%s::text, count(*)))
+FROM cleanup_event WHERE id = ANY(%s) GROUP BY name ORDER BY name
 """
 
 PENDING, DEAD = Event.State.PENDING, Event.State.DEAD

@@ -17,7 +17,7 @@ _handlers: dict[str, Handler] = {}
 _replaced: list[tuple[str, Handler, Handler]] = []
 
 
-def register(name: str, handler: Handler | None = None):
+def register_handler(name: str, handler: Handler | None = None):
     """Register ``handler`` for events called ``name``; without one, a decorator.
 
     The publisher calls ``handler(event)`` inside its transaction, which also marks the
@@ -26,7 +26,7 @@ def register(name: str, handler: Handler | None = None):
     registered again does, and system check cleanup.E043 names the two.
     """
     if handler is None:
-        return lambda function: register(name, function)
+        return lambda function: register_handler(name, function)
     event_name(name)
     if not callable(handler):
         raise CleanupError(f"the handler of event {name!r} must be callable, not "

@@ -24,7 +24,6 @@ NAME_PREFIX = "cleanup:"
 ENGINE_SCHEDULES = {
     "reconcile": "cleanup.tasks.reconcile_chunks",
     "heartbeat": "cleanup.tasks.heartbeat",
-    "fold-counters": "cleanup.tasks.fold_counters",
     "publish-events": "cleanup.tasks.publish_events",
 }
 # The host project's own periodic tasks, kept the same way (register_task).

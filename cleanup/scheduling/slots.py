@@ -68,7 +68,7 @@ def lag_since(instants: list[datetime | None], cron: str, now: datetime) -> Lag:
     return Lag(expected, max(now - expected, timedelta(0)))
 
 
-def period(cron: str, now: datetime) -> timedelta:
+def schedule_period(cron: str, now: datetime) -> timedelta:
     """The gap between a schedule's next two slots."""
     slots = croniter(cron, now)
     first = slots.get_next(datetime)

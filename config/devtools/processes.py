@@ -10,7 +10,7 @@ from cleanup.management import qcluster
 from config.devtools import MANAGE
 
 
-class Cluster(qcluster.Cluster):
+class Cluster(qcluster.QCluster):
     """A qcluster of the project's manage.py, whose workers can be found by title."""
 
     def __init__(self, name: str, env: dict):

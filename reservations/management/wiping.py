@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from cleanup import ask
+from cleanup.host import ask
 
 
 def confirm_wipe(command: str, interactive: bool) -> None:

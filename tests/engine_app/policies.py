@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 
-from cleanup.policies import ITEMS, RANGE, Policy, register
+from cleanup.policies import ITEMS, RANGE, Policy, register_policy
 from tests.engine_app.conf import conf
 from tests.engine_app.models import LeaseLog
 
@@ -49,7 +49,7 @@ def unflagged_leases(cutoff: datetime) -> Q:
 
 
 def register_policies() -> None:
-    register(Policy(
+    register_policy(Policy(
         name=EXPIRE_LEASES,
         model_label="engine_app.Lease",
         eligible=expired_leases,
@@ -59,7 +59,7 @@ def register_policies() -> None:
         chunk_size=conf.EXPIRE_CHUNK_SIZE,
         idempotency_prefix="lease",
     ))
-    register(Policy(
+    register_policy(Policy(
         name=EXPIRE_LEASES_RANGE,
         model_label="engine_app.Lease",
         eligible=expired_leases,
@@ -69,7 +69,7 @@ def register_policies() -> None:
         chunk_size=conf.EXPIRE_CHUNK_SIZE,
         before_delete=log_expiries,
     ))
-    register(Policy(
+    register_policy(Policy(
         name=PURGE_LEASE_LOGS,
         model_label="engine_app.LeaseLog",
         eligible=stale_logs,
@@ -80,7 +80,7 @@ def register_policies() -> None:
         chunk_size=conf.PURGE_CHUNK_SIZE,
         eligible_after=log_retention,
     ))
-    register(Policy(
+    register_policy(Policy(
         name=FLAG_LEASES,
         model_label="engine_app.Lease",
         eligible=unflagged_leases,

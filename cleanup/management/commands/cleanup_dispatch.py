@@ -26,7 +26,9 @@ class Command(CleanupCommand):
         parser.add_argument("--key", help="Dispatch key; a run that already has it is "
                             "returned instead of starting another.")
         parser.add_argument("--sync", action="store_true",
-                            help="Apply the chunks in this process, without the queue.")
+                            help="Apply the run's chunks in this process, taking their "
+                            "messages from the queue as a worker would; what it does not "
+                            "finish is the queue's.")
         parser.add_argument("--dry-run", action="store_true",
                             help="Count what would be planned; write nothing.")
 

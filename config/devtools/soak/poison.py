@@ -8,7 +8,7 @@ from datetime import datetime
 
 from django.db.models import Q
 
-from cleanup.policies import RANGE, Policy, register
+from cleanup.policies import RANGE, Policy, register_policy
 
 POISON_POLICY = "soak-poison"
 POISON_CHANNEL = "soak-poison"
@@ -23,7 +23,7 @@ def kill_this_worker(doomed) -> None:
 
 
 def register_poison_policy() -> Policy:
-    return register(Policy(
+    return register_policy(Policy(
         name=POISON_POLICY, model_label="reservations.ReminderAttempt", eligible=poison_rows,
         observed_field="sent_at", partition_field="tenant", scheme=RANGE,
         before_delete=kill_this_worker,

@@ -22,7 +22,7 @@ from cleanup.engine.reconcile import reconcile
 from cleanup.engine.replay import replay
 from cleanup.engine.transport import queue_shares_transaction
 from cleanup.models import Chunk, Run, WorkerHeartbeat
-from cleanup.policies import get_policy, register
+from cleanup.policies import get_policy, register_policy
 from config.devtools.processes import Cluster
 from config.devtools.soak import faults, publishers, reminders, waitlist
 from config.devtools.soak.poison import POISON_CHANNEL, POISON_POLICY, register_poison_policy
@@ -77,9 +77,9 @@ def run_soak(*, duration: float, min_faults: int, seed: int, say) -> SoakReport:
                            CLEANUP_EVENT_BACKOFF_SECONDS=EVENT_BACKOFF_SECONDS,
                            CLEANUP_EVENT_BACKOFF_MAX_SECONDS=EVENT_BACKOFF_MAX_SECONDS):
         seeded = _seed(duration)
-        register(replace(get_policy(EXPIRE_HOLDS), chunk_size=20))
-        register(replace(get_policy(PURGE_REMINDERS), chunk_size=50))
-        register(replace(get_policy(MARK_REMINDERS_READY), chunk_size=20))
+        register_policy(replace(get_policy(EXPIRE_HOLDS), chunk_size=20))
+        register_policy(replace(get_policy(PURGE_REMINDERS), chunk_size=50))
+        register_policy(replace(get_policy(MARK_REMINDERS_READY), chunk_size=20))
         register_poison_policy()
         say(f"Seeded {seeded['holds']} holds with {seeded['hold_reminders']} reminders and "
             f"{seeded['reminders']} reminder attempts, {len(seeded['waitlisted'])} sections "

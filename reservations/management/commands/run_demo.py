@@ -4,7 +4,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from cleanup import Duration, WholeNumber, count, progress, write_report
+from cleanup.host import Duration, WholeNumber, count, progress, write_report
 from reservations.demo import MAIL_DIR, run_demo
 from reservations.management.wiping import add_wipe_arguments, confirm_wipe
 

@@ -2,7 +2,7 @@ import time
 
 from django.core.management.base import BaseCommand
 
-from cleanup import MAX_INTEGER, WholeNumber
+from cleanup.host import MAX_INTEGER, WholeNumber
 from reservations import seeding
 
 # Bounds that keep a typo from seeding for hours (or overflowing a key).

@@ -3,7 +3,7 @@ from contextlib import nullcontext, redirect_stdout
 
 from django.core.management.base import CommandError
 
-from cleanup import CleanupCommand, count
+from cleanup.host import CleanupCommand, count
 from reservations import reminders
 from reservations.exceptions import SendingStopped
 
