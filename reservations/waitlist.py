@@ -49,7 +49,7 @@ from reservations.services import (
 log = structlog.get_logger("reservations.waitlist")
 
 # Not the bare "seat.freed" of the engine's docs: the engine's own tests use that name
-# for events of their own and register_handler() handlers for it (tests/test_outbox.py,
+# for events of their own and register_handler() handlers for it (tests/outbox/test_outbox.py,
 # in subprocesses too), which with a handler registered at start-up would make two
 # (cleanup.E043).
 # Named for the app, the product's event can never collide with an example's.

@@ -50,7 +50,7 @@ def _totals_counted_at_each_statement(request):
 @pytest.fixture(autouse=True)
 def _fast_retries_and_fixed_chunk_sizes(settings):
     settings.CLEANUP_TRANSIENT_BACKOFF = 0.01
-    # Chunks hold the policy's chunk_size; tests/test_sizing.py turns learning on.
+    # Chunks hold the policy's chunk_size; tests/engine/test_sizing.py turns learning on.
     settings.CLEANUP_CHUNK_BUDGET_MS = 0
 
 
@@ -58,7 +58,7 @@ def _fast_retries_and_fixed_chunk_sizes(settings):
 def row_locks_waited(settings):
     """A chunk's statement waits for a learner's row lock as long as the lock timeout
     (5 s), so a test can watch it wait; by default it gives up after 50 ms and goes on
-    without the row (tests/test_locked_rows.py)."""
+    without the row (tests/engine/test_locked_rows.py)."""
     settings.CLEANUP_ROW_LOCK_WAIT_MS = settings.CLEANUP_LOCK_TIMEOUT_MS = 5000
 
 

@@ -1,5 +1,5 @@
 """A host's pressure indicator that answers what a file says, so a test can turn a
-running cluster's indicator hostile and back (tests/test_cluster_indicators.py)."""
+running cluster's indicator hostile and back (tests/observability/test_cluster_indicators.py)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from cleanup import display
 from cleanup.models import Chunk, Run
 
 # Each run and chunk state's badge class; its colour is in cleanup/static/cleanup/console.css
-# (tests/test_console_lists.py checks every class has a rule there).
+# (tests/console/test_console_lists.py checks every class has a rule there).
 STATE_COLOURS = {
     "planned": "state-planned", "enqueued": "state-enqueued", "retrying": "state-retrying",
     "committed": "state-committed", "acknowledged": "state-acknowledged",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from cleanup.models import Total, rows_changed
 
 # The histograms' buckets. cleanup/sql/totals_v1.sql counts a chunk into the same ones
-# (tests/test_totals.py pins the two).
+# (tests/engine/test_totals.py pins the two).
 DURATION_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 ROWS_BUCKETS = (0, 1, 10, 50, 100, 250, 500, 1000, 2500, 5000)
 

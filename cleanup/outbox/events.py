@@ -1,6 +1,6 @@
 """Every write of an outbox event, and of the totals counted as events settle: one
 function per change, those a stale caller could repeat guarded by the state they leave.
-Nothing else writes ``cleanup_event`` (tests/test_architecture.py) but the retention
+Nothing else writes ``cleanup_event`` (tests/project/test_architecture.py) but the retention
 purge, a policy's DELETE (cleanup.retention); a trigger's events come from the same
 INSERT as ``emit()``'s (``insert_per_row``).
 

@@ -33,7 +33,7 @@ from reservations.models import ReminderAttempt, SeatHold, Section, Tenant
 from reservations.policies import EXPIRE_HOLDS, MARK_REMINDERS_READY, PURGE_REMINDERS
 
 SOAK_SETTINGS = "config.devtools.soak.settings"
-# What the soak's clusters run with (config/devtools/soak/settings.py; tests/test_soak.py
+# What the soak's clusters run with (config/devtools/soak/settings.py; tests/project/test_soak.py
 # pins that both agree).
 RETRY, TIMEOUT, MAX_UNFINISHED = 6, 4, 3
 HOLD_MINUTES, REMINDER_LEAD_MINUTES, REMINDER_SEND_SECONDS = 15, 15 - 10 / 60, 2

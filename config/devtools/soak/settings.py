@@ -1,6 +1,6 @@
 """Settings of the soak's qcluster processes: short leases, the poison policy, reminders
 that fall due within seconds. The soak's own process runs with the same values
-(runner.run_soak, pinned by tests/test_soak.py)."""
+(runner.run_soak, pinned by tests/project/test_soak.py)."""
 
 from config.dev_settings import *  # noqa: F403
 
