@@ -101,22 +101,3 @@ def live(names: Iterable[str], seconds: float) -> set[str]:
             [names, seconds],
         )
         return {name for (name,) in cursor.fetchall()}
-
-
-def end_lapsed(name: str, seconds: float) -> bool:
-    """End the lease (of ``seconds``) if it lapsed (or nobody holds it), in the
-    caller's transaction; True if the work is free to take over.
-
-    The row is locked first, so an owner renewing at that moment either renewed before
-    (and the lease is live: False) or finds the row gone once this transaction commits.
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f'SELECT {_HELD} FROM "{_TABLE}" AS lease WHERE name = %s FOR UPDATE',
-            [seconds, name],
-        )
-        row = cursor.fetchone()
-        if row is not None and row[0]:
-            return False
-        cursor.execute(f'DELETE FROM "{_TABLE}" WHERE name = %s', [name])
-        return True

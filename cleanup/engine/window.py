@@ -52,11 +52,6 @@ def size(policy: Policy) -> int:
     return policy.window or conf.WINDOW
 
 
-def in_flight(policy_name: str) -> int:
-    """Chunks of the policy's running runs that are planned, enqueued or retrying."""
-    return _unfinished(policy_name).count()
-
-
 def _unfinished(policy_name: str):
     return Chunk.objects.filter(run__policy=policy_name, run__state=Run.State.RUNNING,
                                 state__in=Chunk.UNFINISHED)

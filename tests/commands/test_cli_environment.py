@@ -1,28 +1,28 @@
-"""What the environment does to a command: a database that cannot be reached, an email
-backend that cannot be imported, and how much the logs say at each verbosity."""
+"""What the environment does to a command: a database that cannot be reached, and how
+much the logs say at each verbosity."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from io import StringIO
 
 import pytest
-from django.core.management import call_command
 from django.db import OperationalError, connection, transaction
 
 from cleanup.management.base import connection_failure
-from reservations.checks import check_email_backend
 from tests.conftest import ROOT, database_url, subprocess_env
 from tests.engine_app.factories import LeaseFactory
 
 
 def shell(*args: str, **env: str) -> subprocess.CompletedProcess:
-    """Run ``manage.py`` as an operator does, stdout and stderr apart."""
+    """Run ``manage.py`` as an operator does, stdout and stderr apart, with the settings
+    the tests run with: manage.py's own (config.settings) lack the engine app, and with
+    it the expire-leases and flag-leases policies dispatched below."""
     return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT,
-                          env=subprocess_env(**env), capture_output=True, text=True,
-                          timeout=120)
+                          env=subprocess_env(**{"DJANGO_SETTINGS_MODULE": "tests.settings",
+                                                **env}),
+                          capture_output=True, text=True, timeout=120)
 
 
 def unreachable(kind: str) -> tuple[str, str]:
@@ -82,26 +82,6 @@ def test_a_statement_that_fails_once_connected_is_not_called_a_connection_failur
     assert connection_failure(failed.value) is None
 
 
-def test_an_email_backend_that_cannot_be_imported_fails_check_e002(settings):
-    settings.EMAIL_BACKEND = "no.such.Backend"
-    (error,) = check_email_backend()
-    assert (error.id, error.msg) == (
-        "reservations.E002", "EMAIL_BACKEND 'no.such.Backend' cannot be imported (No module "
-        "named 'no'), so no reminder can be sent.")
-    assert "DJANGO_EMAIL_BACKEND" in error.hint
-    settings.EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
-    assert check_email_backend() == []
-
-
-@pytest.mark.django_db
-def test_a_bad_email_backend_stops_the_sender_with_the_check_not_a_traceback():
-    result = shell("send_reminders", DJANGO_EMAIL_BACKEND="no.such.Backend")
-    assert (result.returncode, result.stdout) == (1, "")
-    assert "Traceback" not in result.stderr
-    assert ("(reservations.E002) EMAIL_BACKEND 'no.such.Backend' cannot be imported"
-            in result.stderr)
-
-
 # transaction=True: the command runs in another process, which must see the leases.
 @pytest.mark.django_db(transaction=True)
 def test_at_normal_verbosity_a_command_prints_its_result_and_no_info_lines(account):
@@ -117,18 +97,3 @@ def test_at_normal_verbosity_a_command_prints_its_result_and_no_info_lines(accou
 
     synced = shell("cleanup_dispatch", "--policy", "flag-leases", "--sync")
     assert synced.returncode == 0 and synced.stderr == ""
-
-
-@pytest.mark.django_db
-def test_seeding_progress_is_plain_output_not_an_error(monkeypatch):
-    def seed(progress, **counts):
-        progress("holds", 100_000, 200_000)
-        return dict.fromkeys(("tenants", "sections", "expired", "active", "confirmed",
-                              "reminders", "attempts"), 0)
-
-    monkeypatch.setattr("reservations.seeding.seed", seed)
-    out, err = StringIO(), StringIO()
-    call_command("seed_reservations", "--tenants", "1", "--expired", "200000", "--active",
-                 "0", stdout=out, stderr=err)
-    assert out.getvalue().splitlines()[0] == "  holds: 100,000/200,000"
-    assert err.getvalue() == ""

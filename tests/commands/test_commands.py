@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-import re
+import subprocess
+import sys
 from datetime import UTC, timedelta
 from io import StringIO
 
@@ -15,7 +16,7 @@ from django_q.models import OrmQ
 
 from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk, Run
-from reservations.models import Reminder, ReminderAttempt, SeatHold
+from tests.conftest import ROOT, subprocess_env
 from tests.engine_app.models import Lease
 
 pytestmark = pytest.mark.django_db
@@ -164,17 +165,46 @@ def test_replay_of_unknown_run_or_chunk_fails_and_sends_nothing(expired_leases):
     assert OrmQ.objects.count() == 0
 
 
-def test_schedule_command_twice_changes_nothing(db):
-    first = run_json("cleanup_schedule")
-    second = run_json("cleanup_schedule")
+# The engine and its test app, without the product: what cleanup_schedule installs then
+# is the engine's and the engine app's alone.
+ENGINE_AND_TEST_APP = """
+from tests.engine_only_settings import *  # noqa: F403
+
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.engine_app"]  # noqa: F405
+"""
+
+
+@pytest.fixture
+def schedule_without_the_product(tmp_path):
+    """Run ``cleanup_schedule --json`` as an operator does, in a process that installs no
+    product (the test's own process registers the product's policies and tasks)."""
+    (tmp_path / "engine_and_test_app_settings.py").write_text(ENGINE_AND_TEST_APP)
+    env = subprocess_env(DJANGO_SETTINGS_MODULE="engine_and_test_app_settings",
+                         PYTHONPATH=str(tmp_path))
+
+    def schedule() -> dict:
+        process = subprocess.run([sys.executable, "manage.py", "cleanup_schedule", "--json"],
+                                 cwd=ROOT, env=env, capture_output=True, text=True,
+                                 timeout=120)
+        assert process.returncode == 0, process.stderr
+        return json.loads(process.stdout)
+
+    return schedule
+
+
+# transaction=True: another process writes the schedules, and the flush at the test's
+# end removes them.
+@pytest.mark.django_db(transaction=True)
+def test_schedule_command_twice_changes_nothing(schedule_without_the_product):
+    first = schedule_without_the_product()
+    second = schedule_without_the_product()
+    # The engine's five retention policies, then its three minutely tasks: the engine
+    # app's policies run on demand, and it registers no task of its own.
     assert first["created"] == [
-        "cleanup:expire-holds", "cleanup:mark-reminders-ready",
         "cleanup:purge-cleanup-chunks", "cleanup:purge-cleanup-events",
         "cleanup:purge-cleanup-runs", "cleanup:purge-cleanup-slots",
-        "cleanup:purge-reminder-attempts",
         "cleanup:purge-task-results",
-        "cleanup:send-reminders", "cleanup:reconcile", "cleanup:heartbeat",
-        "cleanup:publish-events",
+        "cleanup:reconcile", "cleanup:heartbeat", "cleanup:publish-events",
     ]
     assert second["unchanged"] == first["created"]
     assert second["created"] == second["updated"] == second["removed"] == []
@@ -185,68 +215,3 @@ def test_a_host_task_with_a_bad_cron_is_refused():
 
     with pytest.raises(ValueError, match="not a cron expression"):
         register_task("nightly", "myapp.tasks.nightly", "every night")
-
-
-# The product's own commands
-
-
-def test_seed_reservations_creates_the_requested_rows(db):
-    out = StringIO()
-    call_command("seed_reservations", "--tenants", "2", "--expired", "30", "--active", "20",
-                 "--confirmed", "5", "--reminder-attempts", "10", "--seed", "7", stdout=out)
-    now = timezone.now()
-    holds = SeatHold.objects
-    assert holds.filter(status="held", expires_at__lte=now).count() == 30
-    assert holds.filter(status="held", expires_at__gt=now).count() == 20
-    assert holds.filter(status="confirmed").count() == 5
-    assert ReminderAttempt.objects.count() == 10
-    # Each held hold has its pending reminder, due the lead before the hold expires.
-    lead = timedelta(minutes=5)
-    reminders = Reminder.objects.filter(state="pending")
-    assert sorted(reminders.values_list("hold_id", flat=True)) == sorted(
-        holds.filter(status="held").values_list("pk", flat=True))
-    assert all(r.due_at == SeatHold.objects.get(pk=r.hold_id).expires_at - lead
-               for r in reminders)
-    assert "50 pending reminders, 10 reminder attempts" in out.getvalue()
-
-
-def test_seed_reservations_takes_the_old_spelling_of_reminder_attempts(db):
-    call_command("seed_reservations", "--tenants", "1", "--expired", "1", "--active", "0",
-                 "--reminders", "3", stdout=StringIO())
-    assert ReminderAttempt.objects.count() == 3
-
-
-@pytest.mark.parametrize("option, value, error", [
-    ("--tenants", "0", "argument --tenants: expected a whole number from 1 to 100,000, not '0'"),
-    ("--expired", "-1", "argument --expired: expected a whole number from 0 to 100,000,000"),
-    ("--active", "1e3", "argument --active: expected a whole number from 0 to 100,000,000"),
-    ("--confirmed", "999999999999", "from 0 to 100,000,000, not '999999999999'"),
-    ("--seed", "²", "argument --seed: expected a whole number from 0 to 2,147,483,647"),
-])
-def test_seed_reservations_refuses_bad_counts(db, option, value, error):
-    counts = {"--tenants": "1", "--expired": "1", "--active": "1", option: value}
-    with pytest.raises(CommandError, match=re.escape(error)):
-        call_command("seed_reservations", *[x for pair in counts.items() for x in pair])
-    assert SeatHold.objects.count() == 0
-
-
-def test_send_reminders_sends_the_ready_ones_and_says_why_others_were_not(section):
-    from django.core import mail
-
-    from reservations.services import hold_seat
-
-    sent = hold_seat(section.pk, "due", now=timezone.now() - timedelta(minutes=11))
-    confirmed = hold_seat(section.pk, "confirmed", now=timezone.now() - timedelta(minutes=11))
-    Reminder.objects.filter(hold_id__in=[sent.pk, confirmed.pk]).update(state="ready")
-    # Confirmed after it was marked, bypassing the service (which would cancel the
-    # reminder), as a race would: the sender finds the hold confirmed and skips it.
-    SeatHold.objects.filter(pk=confirmed.pk).update(status="confirmed")
-    result = run_json("send_reminders")
-    assert result == {"sent": 1, "not_sent": {"confirmed": 1}}
-    assert [m.to for m in mail.outbox] == [["due@learners.example.edu"]]
-    out = StringIO()
-    call_command("send_reminders", stdout=out)
-    assert out.getvalue().strip() == "Sent 0 reminders."
-    with pytest.raises(CommandError, match="--batch must be at least 1"):
-        call_command("send_reminders", "--batch", "0")
-

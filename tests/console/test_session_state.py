@@ -1,8 +1,9 @@
 """No state lives on a database session (invariant 11): behind a transaction pooler a
 server connection outlives its client and serves other clients, so a session-level
 lock, a plain SET, a cursor or prepared statement kept past a transaction, or a LISTEN
-would leak to them or vanish. Read two ways: the SQL written in the project's code, and
-every statement the engine sends through a whole day of work.
+would leak to them or vanish. Read two ways: the SQL written in the engine's code and
+the project's configuration, and every statement the engine sends through a whole day
+of work.
 
 transaction=True where a session is inspected after the work: the test's own
 transaction would hide what outlives one.
@@ -40,11 +41,11 @@ SESSION_SCOPED = [
     (re.compile(r"\bWITH\s+HOLD\b", re.I), "a cursor WITH HOLD"),
     (re.compile(r"^\s*CREATE\s+TEMP(ORARY)?\b", re.I), "a temporary table"),
 ]
-# The project's own code; the development tools (bench, soak) talk to their own
-# databases directly and are not deployed.
-PRODUCT_CODE = [ROOT / "cleanup", ROOT / "reservations", ROOT / "config"]
-EXCLUDED = [ROOT / "config" / "devtools", ROOT / "cleanup" / "migrations",
-            ROOT / "reservations" / "migrations"]
+# The engine's code and the project's configuration; the development tools (bench,
+# soak) talk to their own databases directly and are not deployed. The product's code is
+# read by tests/product/test_product_session_state.py.
+ENGINE_CODE = [ROOT / "cleanup", ROOT / "config"]
+EXCLUDED = [ROOT / "config" / "devtools", ROOT / "cleanup" / "migrations"]
 
 
 def session_scoped(sql: str) -> list[str]:
@@ -65,9 +66,17 @@ def sql_literals(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def product_modules() -> list[Path]:
-    return sorted(path for top in PRODUCT_CODE for path in top.rglob("*.py")
-                  if not any(path.is_relative_to(excluded) for excluded in EXCLUDED))
+def modules(tops: list[Path], excluded: list[Path]) -> list[Path]:
+    """Every module below ``tops``, but those below ``excluded``."""
+    return sorted(path for top in tops for path in top.rglob("*.py")
+                  if not any(path.is_relative_to(folder) for folder in excluded))
+
+
+def session_scoped_sql(paths: list[Path]) -> list[str]:
+    """Each string of ``paths`` that outlives its transaction, with where and what."""
+    return [f"{path.relative_to(ROOT)}:{line}: {what}: {text.strip()[:80]}"
+            for path in paths for line, text in sql_literals(path)
+            for what in session_scoped(text)]
 
 
 @pytest.mark.parametrize("sql, expected", [
@@ -92,10 +101,8 @@ def test_the_detector_tells_session_scoped_sql_from_transaction_scoped(sql, expe
 
 
 def test_no_sql_in_the_project_outlives_its_transaction():
-    offending = [f"{path.relative_to(ROOT)}:{line}: {what}: {text.strip()[:80]}"
-                 for path in product_modules() for line, text in sql_literals(path)
-                 for what in session_scoped(text)]
-    assert product_modules() and offending == []
+    engine_modules = modules(ENGINE_CODE, EXCLUDED)
+    assert engine_modules and session_scoped_sql(engine_modules) == []
 
 
 @pytest.fixture

@@ -191,3 +191,24 @@ def test_install_updates_a_changed_schedule_and_removes_an_unregistered_one(db, 
     assert changes.updated == ["cleanup:expire-leases"]
     assert changes.removed == ["cleanup:retired-policy"]
     assert Schedule.objects.get(name="cleanup:expire-leases").cron == "* * * * *"
+
+
+def test_a_host_task_gets_its_schedule_kept_and_removed_with_the_engines(monkeypatch):
+    from cleanup.scheduling import schedules
+
+    monkeypatch.setattr(schedules, "_tasks", {})
+    schedules.register_task("nightly", "tests.engine_app.services.nightly", "0 3 * * *")
+    changes = install_schedules()
+
+    row = Schedule.objects.get(name="cleanup:nightly")
+    assert "cleanup:nightly" in changes.created
+    assert (row.func, row.cron, row.schedule_type) == (
+        "tests.engine_app.services.nightly", "0 3 * * *", Schedule.CRON)
+
+    schedules.register_task("nightly", "tests.engine_app.services.nightly", "0 4 * * *")
+    assert install_schedules().updated == ["cleanup:nightly"]
+    assert Schedule.objects.get(name="cleanup:nightly").cron == "0 4 * * *"
+
+    schedules._tasks.clear()  # the host no longer registers it
+    assert install_schedules().removed == ["cleanup:nightly"]
+    assert not Schedule.objects.filter(name="cleanup:nightly").exists()

@@ -25,19 +25,15 @@ from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk
 from cleanup.observability import blockers
 from cleanup.observability.blockers import Blocker, Blockers, Session, query_line
-from reservations.models import Reminder, SeatHold
 from tests.conftest import database_url, wait_for
 from tests.console.test_browser import ARTIFACTS, browser_page, log_in  # noqa: F401
 from tests.engine.test_concurrency import Worker
 from tests.engine_app.factories import LeaseFactory
-from tests.engine_app.models import Lease
-from tests.factories import SeatHoldFactory, SectionFactory
+from tests.engine_app.models import Account, Lease
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 LEASES = Lease._meta.db_table
-# The product's: its trigger's chunk waits on a reminder, and the browser test.
-HOLDS = SeatHold._meta.db_table
 LOCK_TIMEOUT = "OperationalError: canceling statement due to lock timeout"
 
 
@@ -47,12 +43,10 @@ def other_session(application_name: str = "learner-renewal") -> psycopg.Connecti
 
 
 @contextmanager
-def rows_locked(pks, *, table: str = LEASES, mode: str = "UPDATE",
-                application_name: str = "learner-renewal"):
-    """Hold these rows of ``table`` locked (FOR ``mode``) from another session; yield its
-    pid."""
+def rows_locked(pks, *, mode: str = "UPDATE", application_name: str = "learner-renewal"):
+    """Hold these leases locked (FOR ``mode``) from another session; yield its pid."""
     with other_session(application_name) as other:
-        other.execute(f'SELECT id FROM "{table}" WHERE id = ANY(%s) FOR {mode}', [list(pks)])
+        other.execute(f'SELECT id FROM "{LEASES}" WHERE id = ANY(%s) FOR {mode}', [list(pks)])
         try:
             yield other.info.backend_pid
         finally:
@@ -185,27 +179,26 @@ def waiting_for_lock(pid: int) -> bool:
                              [pid]).fetchone()[0] > 0
 
 
-def test_a_chunk_waiting_now_on_a_row_its_trigger_deletes_shows_who_holds_it(settings):
-    """The hold's reminder is deleted by the product's trigger in the chunk's statement:
-    neither the holds' table nor their rows are locked, the reminder's row is."""
+def test_a_chunk_waiting_now_on_a_row_outside_its_table_shows_who_holds_it(settings,
+                                                                          account):
+    """The chunk's hook logs each lease it deletes; each log's foreign key is checked as
+    the chunk commits (Django makes it deferred), which locks the lease's account FOR KEY
+    SHARE. Neither the leases' table nor their rows are locked, the account's row is."""
     settings.CLEANUP_ROW_LOCK_WAIT_MS = settings.CLEANUP_LOCK_TIMEOUT_MS = 5000
-    SeatHoldFactory.create_batch(5, expired=True)
-    stuck_chunk = stuck(dispatch("expire-holds").run.chunks.get())
-    hold = SeatHold.objects.get(pk=items_of(stuck_chunk)[0])
-    reminder = Reminder.for_hold(hold, hold.expires_at, timezone.now())
-    reminder.save()
-    with other_session("reminder-sender") as sender:
-        sender.execute(f'SELECT id FROM "{Reminder._meta.db_table}" WHERE id = %s FOR UPDATE',
-                       [reminder.pk])
-        sender_pid = sender.info.backend_pid
+    LeaseFactory.create_batch(5, account=account, expired=True)
+    stuck_chunk = stuck(dispatch("expire-leases-range").run.chunks.get())
+    with other_session("account-admin") as admin:
+        admin.execute(f'SELECT id FROM "{Account._meta.db_table}" WHERE id = %s FOR UPDATE',
+                      [account.pk])
+        admin_pid = admin.info.backend_pid
         applying = Worker(apply_chunk, stuck_chunk.message)
         applying.start()
         found = wait_for(lambda: blockers.for_chunk(stuck_chunk), timeout=5,
-                         what="the chunk to wait on the reminder")
-        sender.rollback()
+                         what="the chunk to wait on the account")
+        admin.rollback()
         assert applying.outcome() == "deleted"
 
-    assert [b.session.pid for b in found.blockers] == [sender_pid]
+    assert [b.session.pid for b in found.blockers] == [admin_pid]
     holds, = found.blockers[0].holds
     assert holds.startswith("a lock #1's session (pid ") and holds.endswith(") waits for now")
 
@@ -257,8 +250,8 @@ def test_the_policy_page_says_plainly_that_nothing_blocks_it(admin_client, stuck
 
 def test_a_query_hidden_from_the_consoles_role_is_said_so_with_the_grant():
     assert query_line("<insufficient privilege>") == ("", True)
-    assert query_line("\n  UPDATE holds SET x = 1\n WHERE id = 2") == (
-        "UPDATE holds SET x = 1", False)
+    assert query_line("\n  UPDATE leases SET x = 1\n WHERE id = 2") == (
+        "UPDATE leases SET x = 1", False)
     assert query_line(None) == ("", False)
     line, hidden = query_line("SELECT " + "x, " * 100)
     assert len(line) == blockers.QUERY_LINE and line.endswith("…") and not hidden
@@ -276,15 +269,15 @@ def test_an_operator_follows_stalled_work_to_who_blocks_a_stuck_chunk_at_laptop_
         browser_page, live_server):  # noqa: F811
     page = browser_page
     User.objects.create_superuser("operator", "op@example.com", "correct horse")
-    SeatHoldFactory.create_batch(5, section=SectionFactory(capacity=100), expired=True)
-    chunk = stuck(dispatch("expire-holds").run.chunks.get())
+    LeaseFactory.create_batch(5, expired=True)
+    chunk = stuck(dispatch("expire-leases").run.chunks.get())
     Chunk.objects.filter(pk=chunk.pk).update(enqueued_at=timezone.now() - timedelta(hours=1))
     page.set_viewport_size({"width": 1366, "height": 900})
     log_in(page, live_server.url)
     ARTIFACTS.mkdir(exist_ok=True)
     fits = """() => ({page: document.documentElement.scrollWidth, window: window.innerWidth})"""
 
-    with rows_locked(items_of(chunk)[:3], table=HOLDS) as pid:
+    with rows_locked(items_of(chunk)[:3]) as pid:
         time.sleep(1.2)  # its transaction has been open a while
         page.goto(f"{live_server.url}/admin/cleanup/cleanupoverview/")
         page.uncheck("#overview-refresh")

@@ -154,19 +154,31 @@ def test_figures_are_right_when_a_qcluster_process_does_the_work(client, qcluste
     assert value(after, "cleanup_chunks_awaiting_ack", **LEASES) == 0
 
 
+# The alert rules and the dashboard the project deploys: the engine's series and the
+# product's, each pinned by its own tests (tests/product/test_product_metrics.py).
+DEPLOYED = ("deploy/prometheus/cleanup-alerts.yml", "deploy/grafana/cleanup-dashboard.json")
+
+
+def families_served(client, prefix: str) -> list[str]:
+    """The names of the metric families /metrics declares under ``prefix``, repeats kept."""
+    return [family.name for family in text_string_to_metric_families(
+        client.get("/metrics").content.decode()) if family.name.startswith(f"{prefix}_")]
+
+
+def series_deployed(prefix: str) -> set[str]:
+    """The names under ``prefix`` that the deployed alert rules and dashboard read."""
+    used = set()
+    for path in DEPLOYED:
+        used |= set(re.findall(rf"\b{prefix}_[a-z_]+", (ROOT / path).read_text()))
+    return used
+
+
 def test_each_metric_is_declared_once_and_alerts_use_only_real_series(client):
-    families = [f.name for f in text_string_to_metric_families(
-        client.get("/metrics").content.decode())
-        if f.name.startswith(("cleanup_", "reservations_"))]
+    families = families_served(client, "cleanup")
     assert len(families) == len(set(families))
     names = {n for (n, _) in scrape(client)} | set(families)
-    used = set()
-    for path in ("deploy/prometheus/cleanup-alerts.yml", "deploy/grafana/cleanup-dashboard.json"):
-        used |= set(re.findall(r"\b(?:cleanup|reservations)_[a-z_]+",
-                               (ROOT / path).read_text()))
-    used -= {"cleanup_", "reservations_"}
-    assert {"reservations_reminders_oldest_due_unsent_age_seconds",
-            "cleanup_rows_changed_total"} <= used
+    used = series_deployed("cleanup")
+    assert "cleanup_rows_changed_total" in used
     assert used - names == set()
 
 
@@ -233,32 +245,3 @@ def test_an_update_policy_counts_rows_updated_and_changed_and_no_rows_deleted(cl
     assert delta(after, later, "cleanup_rows_changed_total", **purges) == 2
     assert delta(after, later, "cleanup_rows_deleted_total", **purges) == 2
 
-
-def test_the_reminder_backlog_shows_due_unsent_reminders_by_state_and_age(client, section):
-    from reservations.reminders import send_ready_reminders
-    from reservations.services import hold_seat
-
-    # Holds made 12 minutes ago expire in 3 minutes: their reminders fell due 2 minutes ago.
-    for n in range(2):
-        hold_seat(section.pk, f"learner-{n}", now=timezone.now() - timedelta(minutes=12))
-    hold_seat(section.pk, "not-due-yet")
-    samples = scrape(client)
-    pending, ready = {"state": "pending"}, {"state": "ready"}
-    assert value(samples, "reservations_reminders_due_unsent", **pending) == 2
-    assert value(samples, "reservations_reminders_due_unsent", **ready) == 0
-    age = value(samples, "reservations_reminders_oldest_due_unsent_age_seconds", **pending)
-    assert 120 <= age < 150
-    # Minutely marking and sending, plus the 120-second scheduler grace.
-    assert value(samples, "reservations_reminder_late_limit_seconds") == 240
-
-    dispatch_in_process("mark-reminders-ready")
-    samples = scrape(client)
-    assert value(samples, "reservations_reminders_due_unsent", **pending) == 0
-    assert value(samples, "reservations_reminders_due_unsent", **ready) == 2
-    assert value(samples, "reservations_reminders_oldest_due_unsent_age_seconds",
-                 **ready) >= 120
-
-    assert send_ready_reminders() == {"sent": 2}
-    samples = scrape(client)
-    assert value(samples, "reservations_reminders_due_unsent", **ready) == 0
-    assert value(samples, "reservations_reminders_oldest_due_unsent_age_seconds", **ready) == 0

@@ -39,10 +39,10 @@ class EventFactory(factory.django.DjangoModelFactory):
                              last_error="Traceback (most recent call last):\n"
                                         "ValueError: mail server refused")
 
-    name = "reservations.seat_freed"
-    key = factory.Sequence(lambda n: f"seathold:{n}")
-    ordering_key = "section:1"
-    payload = factory.LazyAttribute(lambda event: {"hold": event.key})
+    name = "lease.expired"
+    key = factory.Sequence(lambda n: f"lease:{n}")
+    ordering_key = "account:1"
+    payload = factory.LazyAttribute(lambda event: {"lease": event.key})
     state = Event.State.DELIVERED
     delivered_at = factory.LazyFunction(timezone.now)
 
@@ -55,8 +55,8 @@ def dead_by_its_handler(settings) -> Event:
         raise ValueError(f"mail server refused {HOSTILE}")
 
     with transaction.atomic():
-        emit("mail.offer", "seathold:666", {"note": HOSTILE, "learner": "ada"},
-             ordering_key="section:9")
+        emit("mail.offer", "lease:666", {"note": HOSTILE, "holder": "ada"},
+             ordering_key="account:9")
     with registered(**{"mail.offer": refuse}):
         assert publish().dead == 1
     return Event.objects.get(name="mail.offer")
@@ -93,9 +93,9 @@ def staff(client, *codenames: str) -> User:
 
 
 def test_the_list_shows_each_event_newest_first_with_its_state_and_what_failed(admin_client):
-    delivered = EventFactory(key="seathold:1")
-    dead = EventFactory(key="seathold:2", dead=True, delivered_at=None)
-    retrying = EventFactory(name="cleanup.hold_expired", key="seathold:3", ordering_key="",
+    delivered = EventFactory(key="lease:1")
+    dead = EventFactory(key="lease:2", dead=True, delivered_at=None)
+    retrying = EventFactory(name="lease.noticed", key="lease:3", ordering_key="",
                             state=Event.State.PENDING, attempts=2, delivered_at=None,
                             cause="OperationalError: lock timeout")
 
@@ -107,7 +107,7 @@ def test_the_list_shows_each_event_newest_first_with_its_state_and_what_failed(a
     assert ">delivered</span>" in page and ">retrying</span>" in page
     assert "<small>2 of 10 attempts failed</small>" in page  # the pending one: 8 to go
     assert "<small>10 attempts failed</small>" in page
-    assert "seathold:2" in page and "section:1" in page
+    assert "lease:2" in page and "account:1" in page
     # The dead one's cause (its whole line on hover), and why the pending one is retried.
     assert page.count('">ValueError: mail server refused</span>') == 1
     assert '">OperationalError: lock timeout</span>' in page
@@ -119,7 +119,7 @@ def test_the_source_links_the_run_and_the_chunk_that_wrote_the_event(admin_clien
     chunk = dispatch("expire-leases").run.chunks.get()
     written = EventFactory(run_id=chunk.run_id, chunk_id=chunk.chunk_id,
                            source=f"run {chunk.run_id} chunk {chunk.chunk_id}")
-    EventFactory(key="seathold:host")
+    EventFactory(key="lease:host")
     follow = reverse("admin:cleanup_event_chunk", args=[written.pk])
 
     page = admin_client.get(EVENTS).content.decode()
@@ -157,34 +157,34 @@ def test_the_name_filter_offers_the_names_in_the_outbox(admin_client):
     assert listed(response) == [offer.pk]
     choices = [c["display"] for c in response.context["cl"].filter_specs[1].choices(
         response.context["cl"])]
-    assert choices == ["All", "mail.offer", "reservations.seat_freed"]
+    assert choices == ["All", "lease.expired", "mail.offer"]
 
 
 def test_search_finds_an_exact_key_through_the_name_and_key_index(admin_client):
-    wanted = EventFactory(key="seathold:12")
-    EventFactory(key="seathold:120")
-    EventFactory(name="mail.offer", key="seathold:12")
+    wanted = EventFactory(key="lease:12")
+    EventFactory(key="lease:120")
+    EventFactory(name="mail.offer", key="lease:12")
 
     with CaptureQueriesContext(connection) as queries:
-        response = admin_client.get(EVENTS, {"q": " seathold:12 "})
+        response = admin_client.get(EVENTS, {"q": " lease:12 "})
 
     assert set(listed(response)) == {wanted.pk, wanted.pk + 2}
     shown = [q["sql"] for q in queries if 'FROM "cleanup_event"' in q["sql"]
              and "ORDER BY" in q["sql"]][-1]
     # Equality on both columns of the unique constraint: never UPPER(), never '%...%'.
-    assert "\"cleanup_event\".\"key\" = 'seathold:12'" in shown
-    assert "\"cleanup_event\".\"name\" IN ('mail.offer', 'reservations.seat_freed')" in shown
+    assert "\"cleanup_event\".\"key\" = 'lease:12'" in shown
+    assert "\"cleanup_event\".\"name\" IN ('lease.expired', 'mail.offer')" in shown
     assert "UPPER" not in shown and "LIKE" not in shown
 
 
 def test_search_finds_keys_by_their_start_and_an_event_by_its_dedup_id(admin_client):
-    first, second = EventFactory(key="seathold:120"), EventFactory(key="seathold:121")
-    EventFactory(key="seathold:2")
-    offer = EventFactory(name="mail.offer", key="seathold:120")
+    first, second = EventFactory(key="lease:120"), EventFactory(key="lease:121")
+    EventFactory(key="lease:2")
+    offer = EventFactory(name="mail.offer", key="lease:120")
 
-    by_prefix = admin_client.get(EVENTS, {"q": "seathold:12"})
+    by_prefix = admin_client.get(EVENTS, {"q": "lease:12"})
     by_dedup_id = admin_client.get(EVENTS, {"q": offer.dedup_id})
-    by_both = admin_client.get(EVENTS, {"q": "seathold:12", "name": "mail.offer"})
+    by_both = admin_client.get(EVENTS, {"q": "lease:12", "name": "mail.offer"})
 
     assert listed(by_prefix) == [offer.pk, second.pk, first.pk]
     assert listed(by_dedup_id) == [offer.pk]
@@ -224,7 +224,7 @@ def test_a_dead_events_page_shows_its_failure_first_then_payload_and_dedup_id(
     assert '<pre class="payload">{\n  &quot;' in page
     assert '\n  &quot;note&quot;: &quot;&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;' in page
     assert "<script>alert" not in page
-    assert "<code>mail.offer/seathold:666</code>" in page
+    assert "<code>mail.offer/lease:666</code>" in page
     assert "next try" not in page.lower()  # dead: never tried again by itself
 
 

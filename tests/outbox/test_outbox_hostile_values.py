@@ -18,7 +18,7 @@ from cleanup.models import Event
 from cleanup.outbox import BadEvent, discard, emit, requeue
 from cleanup.outbox.triggers import events_on_delete
 from tests.engine.test_checks import ids, setting_errors
-from tests.engine_app.models import EventEffect
+from tests.engine_app.models import EventEffect, Lease
 from tests.outbox.test_console_events import EventFactory, action
 
 pytestmark = pytest.mark.django_db
@@ -55,7 +55,7 @@ HOSTILE = [
     pytest.param(("x", "k\x00"), {}, "event key holds a NUL character", id="NUL in a key"),
     pytest.param(("x", "k\ud800"), {}, "event key holds a lone surrogate '\\ud800'",
                  id="lone surrogate in a key"),
-    pytest.param(("x", "k"), {"ordering_key": "section:\x00"},
+    pytest.param(("x", "k"), {"ordering_key": "account:\x00"},
                  "event ordering key holds a NUL character", id="NUL in an ordering key"),
     pytest.param(("x", "k"), {"source": "host\x00"}, "event source holds a NUL character",
                  id="NUL in a source"),
@@ -100,7 +100,7 @@ def test_a_hostile_emit_is_refused_before_any_sql_and_the_host_transaction_goes_
 
 
 def test_text_that_only_looks_like_a_nul_or_is_not_ascii_is_stored_as_given():
-    payload = {"path": "C:\\u0000", "seat": "caf\u00e9 \U0001f600", "\u00e9": [1.5, None]}
+    payload = {"path": "C:\\u0000", "holder": "caf\u00e9 \U0001f600", "\u00e9": [1.5, None]}
     with transaction.atomic():
         assert emit("x", "k\u00e9", payload, run_id="6F1C2D8E-0000-4000-8000-000000000001",
                     chunk_id=2**31 - 1)
@@ -220,12 +220,12 @@ def test_an_event_id_out_of_the_column_is_refused_before_any_sql(move, wrong):
 
 
 @pytest.mark.parametrize("event, refusal", [
-    ("seat\x00freed", "event name holds a NUL character"),
-    ("seat\ud800freed", "event name holds a lone surrogate '\\ud800'"),
+    ("lease\x00expired", "event name holds a NUL character"),
+    ("lease\ud800expired", "event name holds a lone surrogate '\\ud800'"),
     ("", "event name must be a non-empty string"),
 ])
 def test_a_trigger_for_an_event_name_emit_would_refuse_is_refused_as_it_is_built(
         event, refusal):
     with pytest.raises(BadEvent, match=refusal.replace("\\", "\\\\")):
-        events_on_delete("reservations_seathold", event, key="'seathold:' || gone.id",
+        events_on_delete(Lease._meta.db_table, event, key="'lease:' || gone.id",
                          payload="'{}'::jsonb")
