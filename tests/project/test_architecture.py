@@ -16,8 +16,11 @@ WRITES = {"update", "create", "bulk_create", "bulk_update", "get_or_create",
 # migrations, which build them).
 LEDGER_WRITER = "cleanup.engine.transitions"
 EVENT_WRITER = "cleanup.outbox.events"
-WRITER_OF = {"Run": LEDGER_WRITER, "Chunk": LEDGER_WRITER, "Event": EVENT_WRITER}
-TABLES = {"cleanup_run": "Run", "cleanup_chunk": "Chunk", "cleanup_event": "Event"}
+# The totals: no Python module writes them (cleanup/sql/totals_v1.sql does).
+WRITER_OF = {"Run": LEDGER_WRITER, "Chunk": LEDGER_WRITER, "Event": EVENT_WRITER,
+             "Total": None}
+TABLES = {"cleanup_run": "Run", "cleanup_chunk": "Chunk", "cleanup_event": "Event",
+          "cleanup_total": "Total"}
 # An instance saved by a name that says what it is.
 INSTANCES = {"run": "Run", "self.run": "Run", "chunk": "Chunk", "event": "Event"}
 SQL_WRITE = re.compile(r'\b(?:INSERT INTO|UPDATE|DELETE FROM)\s+"?(\w+)')
@@ -133,6 +136,17 @@ def test_only_the_outbox_writer_writes_events():
     ORM or in SQL: emit() and the trigger builder take its one INSERT (the event purge
     is a policy's DELETE, as the ledger's)."""
     assert writes_outside_their_writer({"Event"}) == []
+
+
+def test_only_the_database_writes_the_totals():
+    """The totals are added to by cleanup/sql/totals_v1.sql alone: its triggers as each
+    change commits, and its one function, which the outbox's settling statements call.
+    No Python module writes cleanup_total, in the ORM or in SQL."""
+    assert writes_outside_their_writer({"Total"}) == []
+    adders = sorted(str(path.relative_to(ROOT)) for path in ENGINE.rglob("*")
+                    if path.suffix in {".py", ".sql"} and "migrations" not in path.parts
+                    and "cleanup_total_add_v1(" in path.read_text())
+    assert adders == ["cleanup/outbox/events.py", "cleanup/sql/totals_v1.sql"]
 
 
 def test_the_write_finder_finds_each_kind_of_write():
