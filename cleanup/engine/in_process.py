@@ -4,11 +4,11 @@ that run.
 The run is dispatched like any other and its messages go to the queue; this process
 takes them as a worker would (cleanup.engine.transport.applying_here) and applies their
 chunks one after another, each commit planning the next. It holds nothing the workers
-wait for: if it dies or freezes, the messages it took come back to the queue once
-``CLEANUP_SYNC_CLAIM_SECONDS`` have passed, and those it had not reached are the
-workers' at once. When it stops before the run's end (a chunk's transient error past
-the in-task retries, the policy's window held by its other runs, a halt, an interrupt)
-it gives its messages back and the queue goes on.
+wait for: if it dies or freezes, each message it took goes to the workers once its
+claim lapses (``CLEANUP_SYNC_CLAIM_SECONDS`` after it was sent). When it stops before
+the run's end (a chunk's transient error past the in-task retries, the policy's window
+held by its other runs, a halt, an interrupt) it gives its messages back at once and
+the queue goes on.
 """
 
 from __future__ import annotations
