@@ -65,7 +65,15 @@ class ChunkAdmin(LedgerAdmin):
                                    "discarded_at")}),
     ]
     readonly_fields = [f for _, spec in fieldsets for f in spec["fields"]]
-    planned_rows_number = count_field(Chunk, "planned_rows")
+
+    @admin.display(description=Chunk._meta.get_field("planned_rows").verbose_name)
+    def planned_rows_number(self, obj):
+        shown = display.number(obj.planned_rows)
+        return f"about {shown} (estimated)" if obj.rows_estimated else shown
+
+    planned_rows_number.help_text = (
+        "The eligible rows planned into the chunk: counted, or estimated from the density "
+        "of the run's latest chunks (its statement changes what is eligible either way).")
     rows_deleted_number = count_field(Chunk, "rows_deleted")
     rows_updated_number = count_field(Chunk, "rows_updated")
     items_skipped_number = count_field(Chunk, "items_skipped")

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import structlog
 from django.db import transaction
 
-from cleanup.engine import halts, transitions, window
+from cleanup.engine import halts, sizing, transitions, window
 from cleanup.models import Chunk, Run
 from cleanup.policies import Policy, find_policy
 
@@ -30,12 +30,14 @@ def committed(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
            policy: Policy | None = None, delivery: int | None = None) -> bool:
     """``transitions.to_committed``, then the window topped up and the run settled
     (``policy``: the run's, where the caller knows it)."""
-    done = transitions.to_committed(chunk, deleted=deleted, retries=retries, elapsed=elapsed,
-                                    updated=updated, locked=locked, cpu_wait=cpu_wait,
-                                    delivery=delivery)
+    # With the policy at hand, the window's top-up opens in the same round trip.
+    done = transitions.to_committed(
+        chunk, deleted=deleted, retries=retries, elapsed=elapsed, updated=updated,
+        locked=locked, cpu_wait=cpu_wait, delivery=delivery,
+        then_open=(policy.name, window.size(policy), sizing.LATEST) if policy else None)
     if done:
-        _top_up_and_settle(chunk.run_id, policy=policy)
-    return done
+        _top_up_and_settle(chunk.run_id, policy=policy, opened=done.opened)
+    return bool(done)
 
 
 def dead_lettered(chunk: Chunk, reason: str, failure_class: str, *, received: str = "",
@@ -90,18 +92,20 @@ def cancelled(run_ids: Iterable) -> list[tuple[Run, int]]:
     return cancelled
 
 
-def _top_up_and_settle(run_id, *, policy: Policy | None = None) -> None:
-    """Top the run's policy's window up (in a savepoint: the chunk's end commits even if
-    planning fails), then bring the run's state in line with its chunks, unless the
-    top-up just planned for it and it has more to plan: it is running, and stays so
-    under the row lock the top-up took (most chunks' end, one statement fewer).
+def _top_up_and_settle(run_id, *, policy: Policy | None = None,
+                       opened: dict | None = None) -> None:
+    """Top the run's policy's window up (whatever planning meets, the chunk's end
+    commits), then bring the run's state in line with its chunks, unless the top-up
+    wrote the run's planning: it settled the run there, or the run has more to plan and
+    stays running under the row lock the top-up took (most chunks' end, one call fewer).
 
     ``policy`` is the run's policy where the caller has it (a chunk's worker does),
-    which saves reading it on every chunk's end; a policy a deploy removed plans
-    nothing."""
+    which saves reading it on every chunk's end, with the top-up it opened (``opened``);
+    a policy a deploy removed plans nothing."""
     if policy is None:
         name = Run.objects.filter(pk=run_id).values_list("policy", flat=True).first()
         policy = find_policy(name) if name is not None else None
-    topped = window.top_up_safely(policy) if policy is not None else window.TopUp()
-    if run_id not in topped.still_planning:
+    topped = (window.top_up_safely(policy, opened) if policy is not None
+              else window.TopUp())
+    if run_id not in topped.settled:
         transitions.settle_run(run_id)

@@ -42,12 +42,13 @@ from cleanup.policies import ITEMS, Policy
 
 @dataclass(frozen=True)
 class PlannedChunk:
-    rows: int
+    rows: int  # eligible rows counted at planning, or estimated (``estimated``)
     # [pk, observed value]; planning reads the value as the text messages carry.
     items: list[tuple[Any, datetime | str | None]] | None = None
     partition: Any = None
     start_id: int | None = None
     end_id: int | None = None
+    estimated: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,16 +84,39 @@ def span(policy: Policy, frozen: dict[str, datetime], scheme: str) -> Span:
 
 
 def next_chunk(policy: Policy, frozen: dict[str, datetime], scheme: str, frontier: Frontier,
-               size: int, *, span_end: int | None = None,
-               max_span: int | None = None) -> tuple[PlannedChunk | None, Frontier | None]:
+               size: int, *, span_end: int | None = None, max_span: int | None = None,
+               density: float | None = None) -> tuple[PlannedChunk | None, Frontier | None]:
     """Plan the chunk at ``frontier``; return it and the frontier after it.
 
     The chunk is None when nothing eligible is left; the frontier is None once the span
-    is done (a chunk can still come with it: the last one).
+    is done (a chunk can still come with it: the last one). ``density``: ids per
+    eligible row where the run's latest chunks tell it (cleanup.engine.sizing.density):
+    a range over the whole table is then planned from it, without reading the table.
     """
     if scheme == ITEMS:
         return _next_items(policy, frozen, frontier, size)
+    if density is not None and policy.partition_column is None:
+        return _estimated_range(frontier, size, density, span_end, max_span)
     return _next_range(policy, frozen, frontier, size, span_end, max_span)
+
+
+def _estimated_range(frontier, size, density, span_end, max_span):
+    """The next half-open [start, end) from the frontier, as wide as ``size`` rows at
+    ``density`` ids a row (no wider than ``max_span``, no further than the span's end),
+    its rows estimated. Where the estimate was wrong the chunk's statement is still
+    right (it carries the whole predicate); a chunk that finds too few rows has its
+    successor counted again (sizing.density), which also crosses a stretch where
+    nothing is eligible in one probe."""
+    start = frontier.next_id
+    if span_end is not None and start >= span_end:
+        return None, None
+    width = max(1, round(size * density))
+    if max_span is not None:
+        width = min(width, max_span)
+    end = start + width if span_end is None else min(start + width, span_end)
+    rows = max(1, round((end - start) / density))
+    following = NextId(end) if span_end is None or end < span_end else None
+    return PlannedChunk(rows, None, None, start, end, estimated=True), following
 
 
 def _next_range(policy, frozen, frontier, size, span_end, max_span):

@@ -22,13 +22,12 @@ database of five runs ago.
 
 from __future__ import annotations
 
-from django.contrib.postgres.expressions import ArraySubquery
-from django.db.models import Case, F, OuterRef, Value, When, Window
-from django.db.models.functions import JSONObject, RowNumber
-from django.db.models.lookups import Exact
+from django.db.models import F, Window
+from django.db.models.functions import RowNumber
 
 from cleanup.conf import conf
-from cleanup.models import Chunk, Run
+from cleanup.engine import transitions
+from cleanup.models import ROWS_CHANGED, Chunk, Run
 from cleanup.policies import ITEMS, Policy
 
 # A new run learns from the latest PER_RUN chunks of each of the policy's last RUNS
@@ -48,6 +47,9 @@ LATEST = 3
 STEP = 2
 # The share of the time budget a chunk learns against while its locks make others wait.
 SLOW_BUDGET_SHARE = 0.25
+# A range's next chunk is planned from the density of the latest ones (not counted) once
+# the newest found at least this share of the rows planned for it.
+DENSE_SHARE = 0.5
 
 
 def chunk_size(policy: Policy, scheme: str) -> int:
@@ -55,7 +57,8 @@ def chunk_size(policy: Policy, scheme: str) -> int:
     if not conf.CHUNK_BUDGET_MS:
         return policy.chunk_size
     runs = _recent_runs(policy, scheme)
-    history = list(_recent(runs).values("run_id", *PACE_FIELDS))
+    history = list(_recent(runs).annotate(changed=ROWS_CHANGED + F("rows_locked"))
+                   .values("run_id", *PACE_FIELDS, "rows_estimated", "changed"))
     if len(history) < ENOUGH:
         return policy.chunk_size
     per_run: dict[object, list[float]] = {run_id: [] for run_id in runs}
@@ -96,32 +99,12 @@ def max_span(policy: Policy, scheme: str, size: int) -> int | None:
     return max(1, round(SPAN_FACTOR * size * spans[len(spans) // 2]))
 
 
-def with_latest_chunks(runs):
-    """``runs`` with each run's latest done chunks as ``next_size`` reads them
-    (``latest_chunks``), in the same statement: a chunk's top-up locks its run and reads
-    them in one round trip.
-
-    They are read in that statement's snapshot, from before any wait for the run's
-    lock: a chunk another worker committed during the wait is left out of this size,
-    and counts for the next.
-    """
-    items = Exact(OuterRef("scheme"), Value(ITEMS))
-    # An items message is large and carries no span: left unread.
-    span = {name: Case(When(items, then=None), default=F(name))
-            for name in ("message__start_id", "message__end_id")}
-    latest = (_done(Chunk.objects.filter(run=OuterRef("pk")))
-              .order_by("-committed_at")
-              .values(chunk=JSONObject(**{name: F(name) for name in PACE_FIELDS}, **span))
-              [:LATEST])
-    return runs.annotate(latest_chunks=ArraySubquery(latest))
-
-
 def next_size(run, policy: Policy, *, latest: list[dict] | None = None,
               slow: bool = False) -> tuple[int, int | None]:
     """Return the rows and the widest id span (ranges) of the run's next chunk.
 
     From the median pace of the run's latest done chunks (``latest``, if read with the
-    run: ``with_latest_chunks``), bounded as for a new run and at most ``STEP`` times the
+    run: ``transitions.lock_run``), bounded as for a new run and at most ``STEP`` times the
     current size either way; the span cap follows the density those chunks found.
     Unchanged until a chunk of the run is done. ``slow`` (the policy's chunks make other
     sessions wait on their locks) learns against ``SLOW_BUDGET_SHARE`` of the budget, so
@@ -131,8 +114,7 @@ def next_size(run, policy: Policy, *, latest: list[dict] | None = None,
     if not conf.CHUNK_BUDGET_MS:
         return current, run.max_span
     if latest is None:
-        latest = (with_latest_chunks(Run.objects.filter(pk=run.pk))
-                  .values_list("latest_chunks", flat=True).get())
+        latest = transitions.latest_chunks(run.pk, LATEST)
     if not latest:
         return current, run.max_span
     budget = conf.CHUNK_BUDGET_MS * (SLOW_BUDGET_SHARE if slow else 1)
@@ -150,11 +132,28 @@ def next_size(run, policy: Policy, *, latest: list[dict] | None = None,
     return size, max(1, round(SPAN_FACTOR * size * spans[len(spans) // 2]))
 
 
+def density(latest: list[dict] | None) -> float | None:
+    """Ids per eligible row in the run's latest range chunks (the median), if its newest
+    one found at least ``DENSE_SHARE`` of the rows planned for it; else None, and the
+    next range is counted (cleanup.engine.planning). Planned rows that were estimated
+    are not evidence: the rows a chunk changed or found locked are."""
+    spans = sorted(
+        (chunk["message__end_id"] - chunk["message__start_id"]) / chunk["changed"]
+        for chunk in latest or ()
+        if isinstance(chunk.get("message__start_id"), int)
+        and isinstance(chunk.get("message__end_id"), int) and chunk.get("changed"))
+    if not spans or latest[0].get("changed", 0) < DENSE_SHARE * latest[0]["planned_rows"]:
+        return None
+    return spans[len(spans) // 2]
+
+
 def _pace(chunk: dict) -> float:
-    """Rows per millisecond of the database's time (whole milliseconds in the ledger)."""
+    """Rows per millisecond of the database's time (whole milliseconds in the ledger):
+    its planned rows, or those it changed where they were estimated."""
     duration = chunk["duration_ms"]
     waited = min(chunk["cpu_wait_ms"] or 0, duration * MAX_CPU_WAIT_SHARE)
-    return chunk["planned_rows"] / max(duration - waited, 1)
+    rows = chunk.get("changed", 0) if chunk.get("rows_estimated") else chunk["planned_rows"]
+    return rows / max(duration - waited, 1)
 
 
 def _median(values: list[float]) -> float:

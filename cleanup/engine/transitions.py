@@ -5,9 +5,12 @@ Nothing else writes the ledger's runs and chunks: their creation, their states, 
 delivery and send counters, a run's planning frontier. Each transition is one function
 whose UPDATE names the states it may leave, so a stale caller, a second click or a late
 delivery changes nothing: a committed chunk is never dead-lettered, a cancelled run
-stays cancelled, and counters only ever add. This module imports only the models: what
-happens around a transition (the window topped up, the run settled) is
-cleanup.engine.outcomes's, one level up.
+stays cancelled, and counters only ever add. A chunk's delivery and the window's
+writes are the database's own functions (cleanup/sql/delivery_v1.sql, window_v1.sql,
+installed by migration, versioned so that workers of two releases overlap during a
+deploy): each transition here is then one call, one round trip, and this module is
+their only caller. It imports only the models: what happens around a transition (the
+window topped up, the run settled) is cleanup.engine.outcomes's, one level up.
 
     planned ──enqueue──▶ enqueued ──commit──▶ committed ──acknowledge──▶ acknowledged
        │                  │   ▲                   ▲
@@ -16,7 +19,7 @@ cleanup.engine.outcomes's, one level up.
        └──────────────▶ retrying ─────────────────┘
     planned, enqueued, retrying ──dead_letter──▶ dead_lettered ──requeue──▶ enqueued
                                                         └──discard──▶ discarded
-    planned, enqueued, retrying ──cancel (or cancel_late)──▶ cancelled
+    planned, enqueued, retrying ──cancel (or begin, its run cancelled)──▶ cancelled
 
 A run is running while it is still planning (cleanup.engine.window) or any chunk is
 unfinished, then completed or completed with dead letters (``settle_run``);
@@ -25,15 +28,17 @@ unfinished, then completed or completed with dead letters (``settle_run``);
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from datetime import datetime
 
 import structlog
-from django.db.models import F, Q
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connection
+from django.db.models import F, JSONField, Q
 from django.utils import timezone
 
 from cleanup.exceptions import cause_of
-from cleanup.expressions import Appended, MergedWhere
 from cleanup.models import Chunk, Run
 
 log = structlog.get_logger("cleanup.ledger")
@@ -51,79 +56,156 @@ def planned_to_enqueued(pks: Iterable[int], now: datetime | None = None) -> int:
     )
 
 
+# The ledger's functions (cleanup/sql/delivery_v1.sql, window_v1.sql), one call each.
+_START = "SELECT cleanup_delivery_start_v1(%s, %s, %s, %s, %s, %s, %s)"
+_BEGIN = "SELECT * FROM cleanup_chunk_begin_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+_COMMITTED = "SELECT cleanup_chunk_committed_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+_COMMITTED_THEN_OPEN = (
+    "SELECT done, CASE WHEN done THEN cleanup_top_up_open_v1(%s, %s, %s) END "
+    "FROM (SELECT cleanup_chunk_committed_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s) AS done) "
+    "AS committed")
+_NOOP = "SELECT cleanup_chunk_noop_v1(%s, %s, %s, %s, %s)"
+_RETRYING = "SELECT cleanup_chunk_retrying_v1(%s, %s, %s, %s, %s, %s)"
+_DEAD_LETTERED = "SELECT cleanup_chunk_dead_lettered_v1(%s, %s, %s, %s, %s, %s, %s)"
+_OPEN = "SELECT cleanup_top_up_open_v1(%s, %s, %s)"
+_LOCK_RUN = "SELECT cleanup_run_lock_v1(%s, %s)"
+_LATEST = "SELECT cleanup_run_latest_v1(%s, %s)"
+_SETTLE = "SELECT cleanup_run_settle_v1(%s, %s)"
+_PLANNED = "SELECT cleanup_run_planned_v1(%s, %s::jsonb, %s::jsonb, %s::jsonb, %s)"
+
+
+def _call(sql: str, *args):
+    """One call of the ledger's functions, in one round trip; its first value."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, args)
+        return cursor.fetchone()[0]
+
+
+class Committed:
+    """What ``to_committed`` did: true if the chunk moved to committed; ``opened``, the
+    window's top-up opened in the same round trip (``open_top_up``), where asked and
+    the chunk moved."""
+
+    def __init__(self, done: bool, opened: dict | None = None):
+        self.done, self.opened = done, opened
+
+    def __bool__(self) -> bool:
+        return self.done
+
+
 def to_committed(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
            updated: int = 0, locked: int = 0, cpu_wait: float | None = None,
-           delivery: int | None = None) -> bool:
+           delivery: int | None = None, then_open: tuple[str, int, int] | None = None
+           ) -> Committed:
     """unfinished → committed, with the outcome, in the transaction of the chunk's DELETE.
 
     ``elapsed`` covers the transaction up to this write (the commit itself is not in
     it); ``cpu_wait`` is how much of it the worker spent waiting for a CPU; ``locked``
     the eligible rows it skipped because another transaction kept them locked;
     ``delivery`` the number of the delivery that committed it, ended in its history.
+    ``then_open``: ``open_top_up``'s arguments, for a top-up opened in the same round
+    trip once the chunk moved.
     """
-    updated = Chunk.objects.filter(pk=chunk.pk, state__in=UNFINISHED).update(
-        duration_ms=round(elapsed * 1000),
-        cpu_wait_ms=None if cpu_wait is None else round(min(cpu_wait, elapsed) * 1000),
-        state=Chunk.State.COMMITTED,
-        committed_at=timezone.now(),
-        rows_deleted=F("rows_deleted") + deleted,
-        rows_updated=F("rows_updated") + updated,
-        items_skipped=F("items_skipped") + max(chunk.planned_rows - deleted - updated - locked,
-                                               0),
-        rows_locked=F("rows_locked") + locked,
-        deliveries_completed=F("deliveries_completed") + 1,
-        noop_deliveries=F("noop_deliveries") + (0 if deleted or updated else 1),
-        transient_retries=F("transient_retries") + retries,
-        **_ended(delivery, "committed", rows=deleted + updated, locked=locked,
-                 retries=retries),
-    )
-    return bool(updated)
+    args = [chunk.pk, delivery, deleted, updated, locked, retries, round(elapsed * 1000),
+            None if cpu_wait is None else round(cpu_wait * 1000), timezone.now()]
+    if then_open is None:
+        return Committed(_call(_COMMITTED, *args))
+    with connection.cursor() as cursor:
+        cursor.execute(_COMMITTED_THEN_OPEN, [*then_open, *args])
+        done, opened = cursor.fetchone()
+    return Committed(done, _opened(opened) if done else None)
+
+
+def open_top_up(policy_name: str, window: int, latest: int) -> dict:
+    """Open the policy's top-up: its planning lock (the transaction's), its running runs
+    that still plan (``runs``, oldest first), its chunks in flight (``flying``), whether
+    a halt is open (``halted``), and the oldest run locked for planning (``locked``,
+    ``lock_run``'s, with its ``latest`` chunks) where the window has room and no halt
+    is open; or the ``error`` of a lock wait past its bound, the transaction going on."""
+    return _opened(_call(_OPEN, policy_name, window, latest))
+
+
+def lock_run(run_id, latest: int) -> Run | None:
+    """A run locked for planning, read after the lock was granted, with the pace of its
+    ``latest`` done chunks (``latest_chunks``, for cleanup.engine.sizing); None if it is
+    gone."""
+    return _locked_run(_call(_LOCK_RUN, run_id, latest))
+
+
+def latest_chunks(run_id, latest: int) -> list[dict]:
+    """The pace of the run's ``latest`` done chunks, newest first (cleanup.engine.sizing)."""
+    return json.loads(_call(_LATEST, run_id, latest))
+
+
+def _opened(text: str) -> dict:
+    opened = json.loads(text)
+    opened["locked"] = _locked_run(opened.get("locked"))
+    return opened
+
+
+def _locked_run(row) -> Run | None:
+    if isinstance(row, str):
+        row = json.loads(row)
+    if row is None:
+        return None
+    run = _loaded(Run, row)
+    run.latest_chunks = row["latest_chunks"]
+    return run
 
 
 def count_noop(chunk: Chunk, *, retries: int, already: str,
                delivery: int | None = None) -> None:
     """A delivery of a chunk that had finished (``already``, its state): completed, and
     it changed nothing."""
-    Chunk.objects.filter(pk=chunk.pk).update(
-        deliveries_completed=F("deliveries_completed") + 1,
-        noop_deliveries=F("noop_deliveries") + 1,
-        transient_retries=F("transient_retries") + retries,
-        **_ended(delivery, f"no-op: already {already}", retries=retries),
-    )
+    _call(_NOOP, chunk.pk, delivery, retries, str(already), timezone.now())
 
 
-def start_delivery(chunk: Chunk, *, received_at: datetime | None, worker: str = "",
-                   outcome: str = "") -> int:
-    """A delivery started (committed before its work, so a killed worker leaves its
-    trace) and entered in the chunk's history; ``received_at`` None for a message too
-    malformed to be delivered, ``outcome`` for a delivery that ends as it starts.
-    Returns the delivery's number: the caller holds the chunk's lock, so it is exact.
-    """
-    number = chunk.deliveries + 1
-    at = (received_at or timezone.now()).isoformat()
-    entry = {"n": number, "at": at, "worker": worker}
-    if outcome:
-        entry.update(ended_at=at, outcome=outcome)
-    stamp = {"last_delivery_at": received_at} if received_at is not None else {}
-    Chunk.objects.filter(pk=chunk.pk).update(
-        deliveries=F("deliveries") + 1,
-        history=Appended("history", entry, keep=HISTORY_KEPT),
-        **stamp,
-    )
-    return number
+def start_delivery(run_id, chunk_id: int, *, received_at: datetime | None, worker: str = "",
+                   lock_ms: int) -> tuple[Chunk, int] | None:
+    """A delivery started: the chunk locked, its delivery counted and entered in its
+    history (ended at once if the chunk is dead-lettered), committed on its own (outside
+    a transaction), before the work and without waiting for its flush, so a killed
+    worker leaves its trace. ``received_at`` None for a message too malformed to be
+    delivered; ``lock_ms`` bounds the wait for the chunk's lock. Returns the chunk (with
+    its run) as it was before the count, and the delivery's number; None if the run has
+    no such chunk."""
+    started = _call(_START, run_id, chunk_id, worker, received_at,
+                    timezone.now(), lock_ms, HISTORY_KEPT)
+    if started is None:
+        return None
+    started = json.loads(started)  # Django reads jsonb as text
+    chunk = _loaded(Chunk, started["chunk"])
+    chunk.run = _loaded(Run, started["run"])
+    return chunk, started["delivery"]
 
 
-def _ended(delivery: int | None, outcome: str, *, error: str = "", rows: int = 0,
-           locked: int = 0, retries: int = 0) -> dict:
-    """The update that ends delivery number ``delivery`` in the chunk's history (none
-    for a write that ends no delivery); an error is kept as its one line."""
-    if delivery is None:
-        return {}
-    patch = {"ended_at": timezone.now().isoformat(), "outcome": outcome}
-    patch.update({name: value for name, value in
-                  (("rows", rows), ("locked", locked), ("retries", retries),
-                   ("error", cause_of(error))) if value})
-    return {"history": MergedWhere("history", "n", delivery, patch)}
+def begin(chunk: Chunk, *, bounds: tuple[int, int, int], application: str,
+          asynchronous: bool, row_lock_ms: int | None) -> tuple[str, int]:
+    """Open the chunk's transaction: bounded and named for the chunk, the chunk locked,
+    and cancelled if its run was (unfinished → cancelled: the run's cancel passed the
+    chunk by while a delivery held it). ``bounds``: the lock wait, statement and time
+    idle in it, in ms. ``row_lock_ms`` bounds the lock waits that
+    follow, where the chunk's statement may wait for learners' rows. Returns the chunk's
+    state and planned rows."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _BEGIN,
+            [chunk.pk, *bounds, application,
+             f"run {chunk.run_id} chunk {chunk.chunk_id}", str(chunk.run_id),
+             str(chunk.chunk_id), asynchronous, row_lock_ms])
+        row = cursor.fetchone()
+    if row is None:
+        raise Chunk.DoesNotExist(f"chunk {chunk.pk} is gone")
+    return row
+
+
+def _loaded(model, row: dict):
+    """An instance of ``model`` from its row as the database's ``to_jsonb`` gives it."""
+    fields = model._meta.concrete_fields
+    values = [row.get(field.column) for field in fields]
+    values = [value if value is None or isinstance(field, JSONField)
+              else field.to_python(value) for field, value in zip(fields, values, strict=True)]
+    return model.from_db(connection.alias, [field.attname for field in fields], values)
 
 
 def to_acknowledged(chunks: Q) -> int:
@@ -135,15 +217,8 @@ def to_acknowledged(chunks: Q) -> int:
 
 def to_retrying(chunk: Chunk, *, error: str, retries: int, delivery: int | None = None) -> bool:
     """unfinished → retrying: the delivery failed transiently and is left for redelivery."""
-    return bool(Chunk.objects.filter(pk=chunk.pk, state__in=UNFINISHED).update(
-        **_ended(delivery, "left for redelivery", error=error, retries=retries),
-        state=Chunk.State.RETRYING,
-        failure_class=Chunk.FailureClass.TRANSIENT,
-        failures=F("failures") + 1,
-        transient_retries=F("transient_retries") + retries,
-        last_error=error,
-        cause=cause_of(error),
-    ))
+    return _call(_RETRYING, chunk.pk, delivery, error, cause_of(error),
+                 retries, timezone.now())
 
 
 def to_dead_lettered(chunk: Chunk, reason: str, failure_class: str, *,
@@ -157,19 +232,8 @@ def to_dead_lettered(chunk: Chunk, reason: str, failure_class: str, *,
     lock timeout) stays the chunk's cause beside it. (A transient error is otherwise
     retried, never dead-lettered.)
     """
-    if failure_class in (Chunk.FailureClass.POISON, Chunk.FailureClass.TRANSIENT):
-        error = {"verdict": reason}
-    else:
-        error = {"verdict": "", "last_error": reason, "cause": cause_of(reason)}
-    return bool(Chunk.objects.filter(pk=chunk.pk, state__in=UNFINISHED).update(
-        state=Chunk.State.DEAD_LETTERED,
-        dead_lettered_at=timezone.now(),
-        failure_class=failure_class,
-        **error,
-        dead_letters=F("dead_letters") + 1,
-        **({"received_message": received} if received else {}),
-        **_ended(delivery, f"dead-lettered ({failure_class})", error=reason),
-    ))
+    return _call(_DEAD_LETTERED, chunk.pk, delivery, reason,
+                 cause_of(reason), str(failure_class), received, timezone.now())
 
 
 def dead_to_enqueued(pks: Iterable[int]) -> list[Chunk]:
@@ -257,13 +321,6 @@ def in_lock_order(run_ids) -> list:
                 .values_list("pk", flat=True))
 
 
-def late_to_cancelled(chunk: Chunk) -> bool:
-    """unfinished → cancelled, for a delivery that finds its run cancelled after the
-    cancel passed its chunk by (a delivery held it then)."""
-    return bool(Chunk.objects.filter(pk=chunk.pk, state__in=UNFINISHED).update(
-        state=Chunk.State.CANCELLED))
-
-
 def record_eligible(run_id, rows: int) -> bool:
     """The rows eligible at dispatch, recorded once (a fact of the dispatch, like its
     cutoff); False if it had been recorded already."""
@@ -278,21 +335,13 @@ def settle_run(run_id) -> Run:
     completed with dead letters. Locking the run row serialises the last chunks of a run: a chunk
     committing at the same moment waits here, then its count sees this one's commit.
     """
-    run = Run.objects.select_for_update().get(pk=run_id)
-    if run.state == Run.State.CANCELLED:
-        return run
-    chunks = Chunk.objects.filter(run_id=run_id)
-    if not run.planned_all or chunks.filter(state__in=UNFINISHED).exists():
-        state = Run.State.RUNNING
-    elif chunks.filter(state=Chunk.State.DEAD_LETTERED).exists():
-        state = Run.State.COMPLETED_WITH_DEAD_LETTERS
-    else:
-        state = Run.State.COMPLETED
-    if state != run.state:
-        run.state = state
-        run.finished_at = None if state == Run.State.RUNNING else timezone.now()
-        run.save(update_fields=["state", "finished_at"])
-        log.info("run settled", run_id=str(run.id), policy=run.policy, state=str(state))
+    settled = _call(_SETTLE, run_id, timezone.now())
+    if settled is None:
+        raise Run.DoesNotExist(f"run {run_id} is gone")
+    settled = json.loads(settled)
+    run = _loaded(Run, settled["run"])
+    if settled["changed"]:
+        log.info("run settled", run_id=str(run.id), policy=run.policy, state=str(run.state))
     return run
 
 
@@ -301,27 +350,26 @@ def create_run(**fields) -> Run:
     return Run.objects.create(**fields)
 
 
-def plan_chunk(run: Run, chunk_id: int, message: dict, rows: int, *, send_now: bool,
-               now: datetime) -> Chunk:
-    """A chunk of the run's, planned: enqueued already when its message is sent in this
-    transaction (django-q2's ORM broker), else planned until it is sent."""
-    return Chunk.objects.create(
-        run=run, chunk_id=chunk_id,
-        state=Chunk.State.ENQUEUED if send_now else Chunk.State.PLANNED,
-        message=message, planned_rows=rows, planned_at=now,
-        enqueued_at=now if send_now else None,
-    )
-
-
-def record_planning(run: Run) -> None:
-    """Store how far the run's planning has got: its frontier, whether it planned all,
-    its candidates and chunks so far, its next chunk's size, the messages it sent; any
-    planning error is cleared. The caller holds the run's row lock, so a count another
-    sender adds (count_sent) waits for this write and adds to it."""
-    run.planning_error = ""
-    run.save(update_fields=["frontier", "planned_all", "candidates", "chunks_planned",
-                            "next_chunk_size", "max_span", "planning_error",
-                            "messages_sent"])
+def record_planned(run: Run, chunks: list[dict], queue: list) -> dict:
+    """The chunks planned for the run (``chunks``: each one's ``chunk_id``, ``state``,
+    ``message``, ``planned_rows`` and ``rows_estimated``; enqueued already when its
+    message is sent in this transaction), their queue rows (``queue``: django-q2's
+    ``OrmQ`` rows, held back, where its table is in the ledger's database), written with
+    how far the run's planning has got (its frontier, whether it planned all, its
+    candidates and chunks so far, its next chunk's size, the messages it sent; any
+    planning error cleared), and the run settled once it planned all. The caller holds
+    the run's row lock, so a count another sender adds (count_sent) waits for this
+    write and adds to it. Returns each chunk's row id by its id in the run (as text)
+    and the queue rows' ids, or the ``error`` that kept every write out, the
+    transaction going on."""
+    planning = {"frontier": run.frontier, "planned_all": run.planned_all,
+                "candidates": run.candidates, "chunks_planned": run.chunks_planned,
+                "next_chunk_size": run.next_chunk_size, "max_span": run.max_span,
+                "messages_sent": run.messages_sent}
+    rows = [{"key": row.key, "payload": row.payload, "lock": row.lock.isoformat()}
+            for row in queue]
+    return json.loads(_call(_PLANNED, run.pk, json.dumps(chunks, cls=DjangoJSONEncoder),
+                            json.dumps(planning), json.dumps(rows), timezone.now()))
 
 
 def record_planning_error(run_id, error: str) -> None:

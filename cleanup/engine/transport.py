@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.db import connections, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 from django_q.brokers import get_broker
@@ -76,34 +77,93 @@ def finished_here(taken: dict, chunk_pk) -> None:
         OrmQ.objects.using(Conf.ORM).filter(pk=row[0]).delete()
 
 
+@dataclass
+class Outgoing:
+    """Chunk messages made ready to send: django-q2 has built and signed each task,
+    and with the ORM broker its queue row is held back (``rows``: key, payload, lock)
+    for one INSERT, by ``send`` or by the ledger's function that writes the chunks
+    (``in_ledger``). ``inline``: messages applied here once the transaction commits
+    (django-q2's sync mode); ``per_run``: messages sent, per run."""
+
+    rows: list = field(default_factory=list)
+    taken: list = field(default_factory=list)  # (row's index, a --sync run's taken, chunk)
+    inline: list = field(default_factory=list)
+    per_run: Counter = field(default_factory=Counter)
+
+
+def outgoing(chunks: Iterable[tuple]) -> Outgoing:
+    """Make the messages of ``chunks`` (run id, the chunk's key, message) ready to send;
+    sent once ``sent`` is called with the queue rows' ids (if any were held back)."""
+    broker = get_broker()
+    held = _HeldInserts(broker.list_key) if isinstance(broker, ORM) else None
+    ready = Outgoing()
+    for run_id, key, message in chunks:
+        if Conf.SYNC:
+            if run_id not in _taken:  # a run applied here needs no other process
+                ready.inline.append((message, str(run_id)))
+                ready.per_run[run_id] += 1
+            continue
+        ready.per_run[run_id] += 1
+        async_task(CHUNK_TASK, message, group=str(run_id), broker=held or broker)
+        if held is not None and run_id in _taken:
+            held.take_last(_taken[run_id], key)
+    if held is not None:
+        ready.rows, ready.taken = held.rows, held.taken
+    return ready
+
+
+def sent(ready: Outgoing, queue_ids: list[int], pk_of=None) -> None:
+    """The held rows of ``ready`` were inserted (``queue_ids``, in order): a --sync run's
+    keep theirs (``pk_of`` maps a chunk's key to its pk, where the key was another);
+    messages for this process follow the commit."""
+    for index, taken, key in ready.taken:
+        taken[pk_of(key) if pk_of else key] = (queue_ids[index], ready.rows[index].lock)
+    if ready.inline:
+        transaction.on_commit(lambda: _apply_inline(ready.inline))
+
+
+def queue_in_ledger() -> bool:
+    """Whether the queue's rows can be written by the ledger's own functions: django-q2's
+    ORM broker, its table in the ledger's database."""
+    return queue_shares_transaction() and (Conf.ORM or DEFAULT_DB_ALIAS) == DEFAULT_DB_ALIAS
+
+
 def send(chunks: Iterable[Chunk], *, count: bool = True) -> int:
     """Enqueue the chunks' messages; inside a transaction they commit together with it.
 
     With the ORM broker the messages go in one INSERT: django-q2 still builds and signs
     each task, and only its row is held back (a round trip per message was most of
     the cost of writing a run). ``count`` False: the caller counts them on the run it
-    holds locked (the window's planning does, in the run's one write).
+    holds locked.
     """
-    broker = get_broker()
-    batch = _HeldInserts(broker.list_key) if isinstance(broker, ORM) else broker
-    per_run, inline = Counter(), []
-    for chunk in chunks:
-        if Conf.SYNC:
-            if chunk.run_id not in _taken:  # a run applied here needs no other process
-                inline.append((chunk.message, str(chunk.run_id)))
-                per_run[chunk.run_id] += 1
-            continue
-        per_run[chunk.run_id] += 1
-        async_task(CHUNK_TASK, chunk.message, group=str(chunk.run_id), broker=batch)
-        if batch is not broker and chunk.run_id in _taken:
-            batch.take_last(_taken[chunk.run_id], chunk.pk)
-    if batch is not broker:
-        batch.insert()
-    if inline:
-        transaction.on_commit(lambda: _apply_inline(inline))
+    ready = outgoing((chunk.run_id, chunk.pk, chunk.message) for chunk in chunks)
+    sent(ready, insert_held(ready))
     if count:
-        transitions.count_sent(per_run)
-    return per_run.total()
+        transitions.count_sent(ready.per_run)
+    return ready.per_run.total()
+
+
+def insert_held(ready: Outgoing) -> list[int | None]:
+    """Insert the held queue rows of ``ready``; the ids of a --sync run's (the others'
+    are not read: None)."""
+    ids: list[int | None] = [None] * len(ready.rows)
+    if not ready.rows:
+        return ids
+    taken = {index for index, _, _ in ready.taken}
+    # executemany, not bulk_create: Django's UNNEST bulk insert quotes each payload in
+    # Python inside an array literal, seven times slower for items messages.
+    with connections[Conf.ORM or DEFAULT_DB_ALIAS].cursor() as cursor:
+        for index in sorted(taken):
+            row = ready.rows[index]
+            cursor.execute(f"{_INSERT_ROW} RETURNING id", [row.key, row.payload, row.lock])
+            ids[index] = cursor.fetchone()[0]
+        if free := [(row.key, row.payload, row.lock) for index, row in enumerate(ready.rows)
+                    if index not in taken]:
+            cursor.executemany(_INSERT_ROW, free)
+    return ids
+
+
+_INSERT_ROW = f'INSERT INTO "{OrmQ._meta.db_table}" ("key", "payload", "lock") VALUES (%s, %s, %s)'
 
 
 # django-q2's sync mode runs a task where it is sent: a chunk's would run inside the
@@ -128,12 +188,12 @@ def _apply_inline(messages: list) -> None:
 
 
 class _HeldInserts(ORM):
-    """django-q2's ORM broker, holding the queue rows it is given for one bulk INSERT."""
+    """django-q2's ORM broker, holding the queue rows it is given for one INSERT."""
 
     def __init__(self, list_key: str):
         super().__init__(list_key=list_key)
         self.rows: list[OrmQ] = []
-        self.taken: list[tuple[int, dict, int]] = []  # (row's index, taken, chunk pk)
+        self.taken: list[tuple[int, dict, object]] = []  # (row's index, taken, chunk)
 
     def enqueue(self, task) -> str:
         # As ORM.enqueue writes it, in the same transaction when there is one.
@@ -141,27 +201,11 @@ class _HeldInserts(ORM):
                               lock=timezone.now()))
         return "(held for one INSERT)"  # django-q2 logs it as the queue row's id
 
-    def take_last(self, taken: dict, chunk_pk) -> None:
+    def take_last(self, taken: dict, chunk) -> None:
         """Write the last row taken, as a dequeue leaves it: no worker gets it before
         ``CLEANUP_SYNC_CLAIM_SECONDS`` have passed."""
         self.rows[-1].lock = timezone.now() + timedelta(seconds=conf.SYNC_CLAIM_SECONDS)
-        self.taken.append((len(self.rows) - 1, taken, chunk_pk))
-
-    def insert(self) -> None:
-        # executemany, not bulk_create: Django's UNNEST bulk insert quotes each payload
-        # in Python inside an array literal, seven times slower for items messages.
-        sql = f'INSERT INTO "{OrmQ._meta.db_table}" ("key", "payload", "lock") VALUES (%s, %s, %s)'
-        taken_rows = {index for index, _, _ in self.taken}
-        with connections[self.get_connection().db].cursor() as cursor:
-            for index, taken, chunk_pk in self.taken:  # a --sync run's: their ids are kept
-                row = self.rows[index]
-                cursor.execute(f"{sql} RETURNING id", [row.key, row.payload, row.lock])
-                taken[chunk_pk] = (cursor.fetchone()[0], row.lock)
-            if free := [(row.key, row.payload, row.lock) for index, row in enumerate(self.rows)
-                        if index not in taken_rows]:
-                cursor.executemany(sql, free)
-        self.rows.clear()
-        self.taken.clear()
+        self.taken.append((len(self.rows) - 1, taken, chunk))
 
 
 def queue_shares_transaction() -> bool:

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import time
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 
 import structlog
-from django.db import connection, transaction
-from django.db.models import Exists, Q
+from django.db import OperationalError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 from django_q.tasks import async_task
 
@@ -40,9 +41,8 @@ from cleanup.engine import (
 )
 from cleanup.engine.pressure import Level
 from cleanup.exceptions import summary_of
-from cleanup.expressions import count_of
 from cleanup.models import Chunk, Halt, Run
-from cleanup.policies import Policy, find_policy
+from cleanup.policies import RANGE, Policy, find_policy
 
 log = structlog.get_logger("cleanup.window")
 
@@ -50,11 +50,6 @@ log = structlog.get_logger("cleanup.window")
 def size(policy: Policy) -> int:
     """The policy's window: its own, or ``CLEANUP_WINDOW``."""
     return policy.window or conf.WINDOW
-
-
-def _unfinished(policy_name: str):
-    return Chunk.objects.filter(run__policy=policy_name, run__state=Run.State.RUNNING,
-                                state__in=Chunk.UNFINISHED)
 
 
 def lock_policy(policy_name: str) -> None:
@@ -67,12 +62,12 @@ def lock_policy(policy_name: str) -> None:
 
 @dataclass(frozen=True)
 class TopUp:
-    """What a top-up did: the chunks it planned, and the runs it planned for that have
-    more to plan. Those runs' rows stay locked by the caller's transaction, so each stays
-    running until it ends: settling one there would change nothing."""
+    """What a top-up did: the chunks it planned, and the runs whose planning it wrote.
+    Each of those is settled already, or has more to plan and stays running under the
+    row lock the caller's transaction holds: settling one again would change nothing."""
 
     planned: int = 0
-    still_planning: frozenset = frozenset()
+    settled: frozenset = frozenset()
 
 
 def top_up(policy: Policy, *, strict: bool = False, recheck: bool = True) -> int:
@@ -89,41 +84,54 @@ def top_up(policy: Policy, *, strict: bool = False, recheck: bool = True) -> int
     return _top_up(policy, strict=strict, recheck=recheck).planned
 
 
-def _top_up(policy: Policy, *, strict: bool = False, recheck: bool = True) -> TopUp:
-    lock_policy(policy.name)
-    # With each run, in the same statement, the policy's chunks in flight and whether it
-    # has a halt open (each subquery is computed once): a chunk's end reads no more.
-    unfinished = _unfinished(policy.name)
-    runs = list(Run.objects.filter(policy=policy.name, state=Run.State.RUNNING,
-                                   planned_all=False)
-                .annotate(flying=count_of(unfinished),
-                          halted=Exists(Halt.objects.filter(policy=policy.name,
-                                                            ended_at__isnull=True)))
-                .order_by("created_at", "pk")
-                .values_list("pk", "flying", "halted"))
-    if not runs:
-        return TopUp()  # every run planned: no pressure to read
-    _, flying, any_halt = runs[0]
-    signal = pressure.check(policy)
-    # Nothing to keep in line when no halt is open and the signal opens none.
-    halted = (halts.record_pressure(policy.name, signal)
-              if any_halt or signal.level is Level.HALT else [])
-    if any(halt.reason in Halt.ENDED_BY_OPERATOR for halt in halted) or (
-            signal.level is Level.HALT):
-        # Nothing new until the halt ends (cleanup.engine.halts); with nothing in flight
-        # whose end would look again, a recheck task does.
-        if recheck and signal.level is Level.HALT and not flying:
-            recheck_later(policy.name)
+def _top_up(policy: Policy, *, strict: bool = False, recheck: bool = True,
+            opened: dict | None = None) -> TopUp:
+    """``top_up``; ``opened``: the top-up the caller opened already (with a chunk's
+    commit, ``transitions.to_committed``).
+
+    Whatever fails here leaves the caller's transaction going on (a chunk's outcome
+    commits whatever planning met): the ledger's functions keep a failure of their own
+    writes inside them, and each step that sends a statement of its own (a run locked
+    after the first, a count of the next range, a halt's record) runs in a savepoint.
+    A run planned from its density, locked by the opening, sends none."""
+    if opened is None:
+        opened = transitions.open_top_up(policy.name, size(policy), sizing.LATEST)
+    if "error" in opened:
+        if strict:
+            raise OperationalError(opened["error"])
+        # Another transaction kept the policy's planning lock or its oldest run longer
+        # than the bound: the next chunk's end or the reconciler tops the window up.
+        log.warning("topping the window up waited too long for a lock; left for later",
+                    policy=policy.name, error=opened["error"])
         return TopUp()
+    if not opened["runs"]:
+        return TopUp()  # every run planned: no pressure to read
+    flying, any_halt = opened["flying"], opened["halted"]
+    signal = pressure.check(policy)  # each indicator in a savepoint of its own
+    if any_halt or signal.level is Level.HALT:
+        # Nothing to keep in line when no halt is open and the signal opens none.
+        with transaction.atomic():
+            halted = halts.record_pressure(policy.name, signal)
+            if any(halt.reason in Halt.ENDED_BY_OPERATOR for halt in halted) or (
+                    signal.level is Level.HALT):
+                # Nothing new until the halt ends (cleanup.engine.halts); with nothing in
+                # flight whose end would look again, a recheck task does.
+                if recheck and signal.level is Level.HALT and not flying:
+                    recheck_later(policy.name)
+                return TopUp()
     slow = signal.level is Level.SLOW
     room = size(policy) - flying
-    planned, still_planning = 0, set()
-    for run_id, *_ in runs:
+    locked = opened["locked"]
+    planned, settled = 0, set()
+    for run_id in opened["runs"]:
         if room <= 0:
             break
+        run = locked if locked is not None and str(locked.pk) == run_id else None
         try:
-            with transaction.atomic():
-                added, more = _top_up_run(run_id, policy, room, slow=slow)
+            with (nullcontext() if run is not None and _plans_unread(run, policy)
+                  else transaction.atomic()):
+                run = run or transitions.lock_run(run_id, sizing.LATEST)
+                added, written = _top_up_run(run, policy, room, slow=slow)
         except Exception as exc:  # noqa: BLE001 - kept on the run, retried later
             if strict:
                 raise
@@ -133,38 +141,76 @@ def _top_up(policy: Policy, *, strict: bool = False, recheck: bool = True) -> To
             continue
         room -= added
         planned += added
-        if more:
-            still_planning.add(run_id)
-    return TopUp(planned, frozenset(still_planning))
+        if written:
+            settled.add(run.pk)
+    return TopUp(planned, frozenset(settled))
 
 
-def _top_up_run(run_id, policy: Policy, room: int, *, slow: bool = False) -> tuple[int, bool]:
-    """Plan up to ``room`` chunks of the run; return how many, and whether it has more
-    to plan (it is then running, under this transaction's lock of its row)."""
-    # Locked, then checked again: a cancel that committed meanwhile is seen here. Its
-    # latest chunks' pace comes with it, for its next size.
-    run = sizing.with_latest_chunks(Run.objects.select_for_update(of=("self",))).get(pk=run_id)
-    if run.state != Run.State.RUNNING or run.planned_all:
+def _plans_unread(run: Run, policy: Policy) -> bool:
+    """Whether the run's next chunks are planned without reading the policy's table:
+    ranges over the whole table whose density its latest chunks tell."""
+    return (run.scheme == RANGE and policy.partition_column is None
+            and sizing.density(run.latest_chunks) is not None)
+
+
+class PlanningFailed(Exception):
+    """The ledger refused a run's planning: its writes were kept out."""
+
+
+def _top_up_run(run: Run | None, policy: Policy, room: int, *,
+                slow: bool = False) -> tuple[int, bool]:
+    """Plan up to ``room`` chunks of the run, locked for it (``transitions.lock_run``),
+    write them with the run's planning and send them; return how many, and whether its
+    planning was written (it is then settled, or running under this transaction's lock
+    of its row with more to plan)."""
+    # Checked again under its lock: a cancel that committed meanwhile is seen here.
+    if run is None or run.state != Run.State.RUNNING or run.planned_all:
         return 0, False
-    run.next_chunk_size, run.max_span = sizing.next_size(run, policy, latest=run.latest_chunks,
-                                                         slow=slow)
-    added = 0
-    while added < room and not run.planned_all:
-        if _plan_next(run, policy):
-            added += 1
-    transitions.record_planning(run)
-    if run.planned_all:
-        # Its last chunk may have finished already (or it found nothing): settled here.
-        transitions.settle_run(run.pk)
-    return added, not run.planned_all
+    latest = run.latest_chunks
+    run.next_chunk_size, run.max_span = sizing.next_size(run, policy, latest=latest, slow=slow)
+    density = sizing.density(latest) if policy.partition_column is None else None
+    send_now = transport.queue_shares_transaction()
+    planned = []
+    while len(planned) < room and not run.planned_all:
+        chunk, following = planning.next_chunk(
+            policy, run.frozen, run.scheme, frontier.load(run.frontier), run.next_chunk_size,
+            span_end=run.span_end, max_span=run.max_span, density=density)
+        run.frontier, run.planned_all = frontier.dump(following), following is None
+        if chunk is None:
+            run.planned_all, run.frontier = True, None
+            break
+        run.chunks_planned += 1
+        run.candidates += chunk.rows
+        planned.append({
+            "chunk_id": run.chunks_planned, "planned_rows": chunk.rows,
+            "rows_estimated": chunk.estimated,
+            "state": Chunk.State.ENQUEUED if send_now else Chunk.State.PLANNED,
+            "message": _message(run, run.chunks_planned, chunk,
+                                partitioned=policy.partition_column is not None)})
+    ready = (transport.outgoing((run.pk, chunk["chunk_id"], chunk["message"])
+                                for chunk in planned) if send_now else None)
+    if ready is not None:
+        run.messages_sent += ready.per_run.total()
+    in_ledger = ready is not None and transport.queue_in_ledger()
+    # The run is settled there once it planned all.
+    written = transitions.record_planned(run, planned, ready.rows if in_ledger else [])
+    if "error" in written:
+        raise PlanningFailed(written["error"])
+    if ready is not None:
+        queue_ids = written["queue"] if in_ledger else transport.insert_held(ready)
+        transport.sent(ready, queue_ids, pk_of=lambda chunk_id: written["ids"][str(chunk_id)])
+    elif planned:
+        run_id = run.pk
+        transaction.on_commit(lambda: transport.send_planned(run_id))
+    return len(planned), True
 
 
-def top_up_safely(policy: Policy) -> TopUp:
-    """``top_up`` in a savepoint: a chunk's outcome commits even if planning the next
-    one fails (the reconciler tops the window up again later)."""
+def top_up_safely(policy: Policy, opened: dict | None = None) -> TopUp:
+    """``top_up``, whose failure leaves the caller's transaction going on: a chunk's
+    outcome commits even if planning the next one fails (the reconciler tops the window
+    up again later). ``opened``: as for ``_top_up``."""
     try:
-        with transaction.atomic():
-            return _top_up(policy)
+        return _top_up(policy, opened=opened)
     except Exception as exc:  # noqa: BLE001 - the outcome must commit whatever failed
         log.error("planning the next chunk failed", policy=policy.name, error=str(exc))
         return TopUp()
@@ -174,36 +220,6 @@ def top_up_now(policy: Policy) -> int:
     """``top_up`` in a transaction of its own."""
     with transaction.atomic():
         return top_up(policy)
-
-
-def _plan_next(run: Run, policy: Policy) -> bool:
-    """Plan the chunk at the run's frontier and send it; False if nothing was left."""
-    chunk, following = planning.next_chunk(
-        policy, run.frozen, run.scheme, frontier.load(run.frontier), run.next_chunk_size,
-        span_end=run.span_end, max_span=run.max_span,
-    )
-    run.frontier = frontier.dump(following)
-    run.planned_all = following is None
-    if chunk is None:
-        run.planned_all, run.frontier = True, None
-        return False
-    chunk_id = run.chunks_planned + 1
-    now = timezone.now()
-    send_now = transport.queue_shares_transaction()
-    row = transitions.plan_chunk(
-        run, chunk_id,
-        _message(run, chunk_id, chunk, partitioned=policy.partition_column is not None),
-        chunk.rows, send_now=send_now, now=now,
-    )
-    if send_now:
-        # Saved with the run's planning (record_planning).
-        run.messages_sent += transport.send([row], count=False)
-    else:
-        run_id = run.pk
-        transaction.on_commit(lambda: transport.send_planned(run_id))
-    run.chunks_planned = chunk_id
-    run.candidates += chunk.rows
-    return True
 
 
 def _message(run: Run, chunk_id: int, planned: planning.PlannedChunk, *,

@@ -32,7 +32,7 @@ from cleanup.engine import (
 from cleanup.engine.messages import ChunkMessage
 from cleanup.exceptions import MalformedMessage, UnknownPolicy, traceback_of
 from cleanup.expressions import PairsIn
-from cleanup.models import Chunk, OrphanMessage, Run
+from cleanup.models import Chunk, OrphanMessage
 from cleanup.policies import Policy, get_policy
 
 log = structlog.get_logger("cleanup.worker")
@@ -150,24 +150,17 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int,
            delivery: int, *, here: bool = False, skip_locked: bool = False) -> Outcome:
     started, waited = time.monotonic(), cpu_wait.waited()
     with _chunk_transaction():
-        bound_transaction(chunk, durable_before_ack=not here)
         faults.reach(faults.BEFORE_CHUNK_LOCK)
         # Not the message: the delivery's start already compared it with the ledger.
-        current = (Chunk.objects.select_for_update().only("state", "planned_rows", "run_id")
-                   .get(pk=chunk.pk))
-        state = current.state
-        # Read after the chunk's lock is granted, in a statement of its own: joined to
-        # the locking read, the run's row would be the one from before a wait for the
-        # lock, and would miss a cancel that committed meanwhile.
-        if state in Chunk.UNFINISHED and run_cancelled(
-                current.run_id, row_lock_wait=not skip_locked):
-            # Cancelled while a delivery held this chunk: nothing more is deleted.
-            transitions.late_to_cancelled(current)
-            state = Chunk.State.CANCELLED
+        state, planned_rows = transitions.begin(
+            chunk, bounds=(conf.LOCK_TIMEOUT_MS, conf.STATEMENT_TIMEOUT_MS,
+                           conf.IDLE_IN_TRANSACTION_TIMEOUT_MS),
+            application=pressure.CHUNK_APPLICATION_NAME,
+            asynchronous=not here and transport.queue_shares_transaction(),
+            row_lock_ms=None if skip_locked else conf.ROW_LOCK_WAIT_MS)
         deleted = updated = locked = 0
         if state not in Chunk.UNFINISHED:
-            transitions.count_noop(current, retries=retries, already=state,
-                                   delivery=delivery)
+            transitions.count_noop(chunk, retries=retries, already=state, delivery=delivery)
             outcome = Outcome.NOOP
         else:
             eligible = chunk_statement(policy, message, chunk.run.frozen)
@@ -186,7 +179,7 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int,
                 # What is still eligible here is what others kept locked: the rows this
                 # transaction changed are gone from its sight or no longer eligible.
                 locked = eligible.count()
-            outcomes.committed(current, deleted=deleted, updated=updated, locked=locked,
+            outcomes.committed(chunk, deleted=deleted, updated=updated, locked=locked,
                                retries=retries, elapsed=time.monotonic() - started,
                                cpu_wait=cpu_wait.since(waited), policy=policy,
                                delivery=delivery)
@@ -194,7 +187,7 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int,
     log.info("chunk outcome", run_id=message.run_id, chunk_id=message.chunk_id,
              policy=policy.name, outcome=str(outcome), mutation=policy.mutation,
              rows_changed=deleted + updated, rows_deleted=deleted, rows_updated=updated,
-             rows_locked=locked, planned_rows=current.planned_rows,
+             rows_locked=locked, planned_rows=planned_rows,
              already=state if state not in Chunk.UNFINISHED else None,
              transient_retries=retries)
     if (message.items is not None
@@ -229,9 +222,6 @@ def _locked(doomed):
 
 # A lock wait that outlasted lock_timeout.
 LOCK_NOT_AVAILABLE = "55P03"
-# A chunk's run's state, with the bound of the lock waits that follow it.
-_RUN_STATE_AND_LOCK_WAIT = ("SELECT state, set_config('lock_timeout', %s, true) "
-                            f'FROM "{Run._meta.db_table}" WHERE id = %s')
 
 
 def skipped(eligible):
@@ -243,19 +233,6 @@ def skipped(eligible):
     return eligible.filter(pk__in=unlocked)
 
 
-def run_cancelled(run_id, *, row_lock_wait: bool) -> bool:
-    """Whether the run was cancelled; in the same round trip, the lock waits of the
-    rest of the transaction are bounded: by ``CLEANUP_ROW_LOCK_WAIT_MS`` where the
-    chunk's statement may wait for learners' rows (kept locked longer, they are
-    skipped), else by the lock timeout as before."""
-    wait = min(conf.ROW_LOCK_WAIT_MS, conf.LOCK_TIMEOUT_MS) if row_lock_wait else (
-        conf.LOCK_TIMEOUT_MS)
-    with connection.cursor() as cursor:
-        cursor.execute(_RUN_STATE_AND_LOCK_WAIT, [f"{wait}ms", run_id])
-        row = cursor.fetchone()
-    return row is not None and row[0] == Run.State.CANCELLED
-
-
 def wait_ran_out(exc: BaseException) -> bool:
     return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
 
@@ -263,35 +240,33 @@ def wait_ran_out(exc: BaseException) -> bool:
 def _start_delivery(raw, message: ChunkMessage,
                     policy: Policy) -> tuple[Chunk | None, int | None]:
     """Count the delivery in its own commit, entered in the chunk's history with its
-    number; dead-letter a chunk that keeps dying. No chunk if the message names none or
-    was refused (the chunk dead-lettered).
+    number (transitions.start_delivery); dead-letter a chunk that keeps dying or whose
+    message it cannot act on. No chunk if the message names none or was refused.
 
     The start is committed before the work so a worker killed mid-chunk still leaves
     its trace: deliveries started minus completed is what django-q2 cannot count. That
     commit does not wait for its flush (docs/design.md, *A delivery's start*); a message
     naming no chunk is kept after it, flushed as the server's setting says.
     """
-    with transaction.atomic():
-        bound_transaction(trace=True)
-        chunk = (Chunk.objects.select_for_update(of=("self",)).select_related("run")
-                 .filter(run_id=message.run_id, chunk_id=message.chunk_id).first())
-        if chunk is not None:
-            failure_class, reason, delivery = _count_delivery(raw, message, policy, chunk)
-    if chunk is None:
+    started = transitions.start_delivery(message.run_id, message.chunk_id,
+                                         received_at=timezone.now(),
+                                         worker=leases.this_process(),
+                                         lock_ms=conf.LOCK_TIMEOUT_MS)
+    if started is None:
         record_orphan(raw, f"run {message.run_id} has no chunk {message.chunk_id}",
                       run_id=message.run_id, chunk_id=message.chunk_id)
         return None, None
+    chunk, delivery = started
+    failure_class, reason = _refusal(raw, message, policy, chunk)
     if reason:
         _refuse(raw, chunk, reason, failure_class, delivery)
         return None, None
     return chunk, delivery
 
 
-def _count_delivery(raw, message: ChunkMessage, policy: Policy,
-                    chunk: Chunk) -> tuple[str, str, int]:
-    """The delivery's start entered under the chunk's lock; with the class and reason to
-    refuse it for, if any."""
-    failure_class = Chunk.FailureClass.MALFORMED
+def _refusal(raw, message: ChunkMessage, policy: Policy, chunk: Chunk) -> tuple[str, str]:
+    """The class and reason to refuse the delivery for, if any (the chunk as it was when
+    the delivery started)."""
     run = chunk.run
     if run.policy != policy.name or run.cutoff != message.cutoff:
         reason = "message policy or cutoff does not match its run"
@@ -306,13 +281,10 @@ def _count_delivery(raw, message: ChunkMessage, policy: Policy,
         reason = "message items or range differ from the chunk in the ledger"
     elif chunk.state in Chunk.UNFINISHED and (
             _unfinished(chunk) >= conf.MAX_UNFINISHED_DELIVERIES):
-        failure_class, reason = _kept_dying(chunk)
+        return _kept_dying(chunk)
     else:
         reason = ""
-    ended = ("not applied: the chunk is dead-lettered"
-             if not reason and chunk.state == Chunk.State.DEAD_LETTERED else "")
-    return failure_class, reason, transitions.start_delivery(
-        chunk, received_at=timezone.now(), worker=leases.this_process(), outcome=ended)
+    return Chunk.FailureClass.MALFORMED, reason
 
 
 def _refuse(raw, chunk: Chunk, reason: str, failure_class: str, delivery: int) -> None:
@@ -365,14 +337,15 @@ def _record_failure(chunk: Chunk, exc: BaseException, retries: int, delivery: in
 
 def _dead_letter_message(raw, exc: Exception) -> Outcome:
     run_id, chunk_id = messages.identify(raw)
-    chunk = None
-    if run_id is not None and chunk_id is not None:
-        chunk = Chunk.objects.select_related("run").filter(run_id=run_id,
-                                                           chunk_id=chunk_id).first()
-    if chunk is None:
+    started = None
+    if run_id is not None and chunk_id is not None and 0 <= chunk_id <= CHUNK_ID_MAX:
+        started = transitions.start_delivery(run_id, chunk_id, received_at=None,
+                                             worker=leases.this_process(),
+                                             lock_ms=conf.LOCK_TIMEOUT_MS)
+    if started is None:
         record_orphan(raw, str(exc), run_id=run_id, chunk_id=chunk_id)
     else:
-        delivery = transitions.start_delivery(chunk, received_at=None, worker=leases.this_process())
+        chunk, delivery = started
         _refuse(raw, chunk, f"malformed message: {exc}", Chunk.FailureClass.MALFORMED,
                 delivery)
     return Outcome.DEAD_LETTERED
@@ -400,41 +373,6 @@ def record_orphan(raw: Any, reason: str, *, run_id: str | None = None,
                        outcome="dead_lettered", orphan_id=orphan.pk, run_id=run_id,
                        chunk_id=chunk_id, reason=reason)
     return orphan
-
-
-# What bounds a chunk's transaction, set for the transaction only (a pooled server
-# connection keeps none of it): a lock wait, a statement, and time idle in it.
-_BOUNDS = ("SELECT set_config('lock_timeout', %s, true), "
-           "set_config('statement_timeout', %s, true), "
-           "set_config('idle_in_transaction_session_timeout', %s, true)")
-# ... and a delivery's start, a trace that any later commit's flush makes durable.
-_TRACE = f"{_BOUNDS}, set_config('synchronous_commit', 'off', true)"
-# ... and its name, for the lock-waits indicator (cleanup.engine.pressure) and for the
-# events its rows cause (cleanup.outbox.triggers), which say which chunk wrote them.
-_NAMED = (f"{_BOUNDS}, set_config('application_name', %s, true), "
-          "set_config('cleanup.source', %s, true), set_config('cleanup.run_id', %s, true), "
-          "set_config('cleanup.chunk_id', %s, true), set_config('synchronous_commit', "
-          "CASE WHEN %s THEN 'off' ELSE current_setting('synchronous_commit') END, true)")
-
-
-def bound_transaction(chunk: Chunk | None = None, *, durable_before_ack: bool = False,
-                      trace: bool = False) -> None:
-    """Bound how long the transaction may wait for a lock, run a statement and sit
-    idle: a frozen or cut-off process loses its session, so its locks, after the last.
-    ``chunk``: the transaction applies it, and is named for it. ``durable_before_ack``:
-    a queue's delivery, which with the ORM broker commits without waiting for its WAL
-    flush; ``trace``: a delivery's start, which never waits for it (docs/design.md, *A
-    chunk's commit and its flush*, *A delivery's start*)."""
-    bounds = [f"{conf.LOCK_TIMEOUT_MS}ms", f"{conf.STATEMENT_TIMEOUT_MS}ms",
-              f"{conf.IDLE_IN_TRANSACTION_TIMEOUT_MS}ms"]
-    asynchronous = durable_before_ack and transport.queue_shares_transaction()
-    with connection.cursor() as cursor:
-        if chunk is not None:
-            cursor.execute(_NAMED, [*bounds, pressure.CHUNK_APPLICATION_NAME,
-                                    f"run {chunk.run_id} chunk {chunk.chunk_id}",
-                                    str(chunk.run_id), str(chunk.chunk_id), asynchronous])
-        else:
-            cursor.execute(_TRACE if trace else _BOUNDS, bounds)
 
 
 def _reset_broken_connection() -> None:

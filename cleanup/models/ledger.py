@@ -159,6 +159,9 @@ class Chunk(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.PLANNED)
     message = MessageField(help_text="The message exactly as sent.")
     planned_rows = models.PositiveIntegerField(default=0)
+    rows_estimated = models.BooleanField(
+        default=False, db_default=False,
+        help_text="Its planned rows were estimated from the run's density, not counted.")
     deliveries = models.PositiveIntegerField(default=0, help_text="Deliveries started.")
     deliveries_completed = models.PositiveIntegerField(
         default=0, help_text="Deliveries that committed an outcome (work or no-op)."

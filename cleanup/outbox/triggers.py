@@ -31,7 +31,8 @@ import re
 from cleanup.outbox import events
 from cleanup.outbox.emitting import event_name
 
-# The settings a chunk's transaction sets (cleanup.engine.worker.bound_transaction).
+# The settings a chunk's transaction sets (cleanup_chunk_begin_v1 in
+# cleanup/sql/delivery_v1.sql).
 SOURCE = "cleanup.source"
 RUN_ID = "cleanup.run_id"
 CHUNK_ID = "cleanup.chunk_id"

@@ -92,6 +92,30 @@ def test_a_sync_run_keeps_the_servers_setting(account):
     assert seen and set(seen) == {"remote_apply"}
 
 
+def settings_at_each_start(apply) -> list[str]:
+    """``synchronous_commit`` in the transaction of each delivery's start, as the
+    database sees it when the start counts the delivery (a statement of its own: the
+    setting is gone once it returns)."""
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE test_seen_setting (id serial, setting text)")
+        cursor.execute(
+            "CREATE FUNCTION test_see_setting() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN INSERT INTO test_seen_setting (setting) "
+            "VALUES (current_setting('synchronous_commit')); RETURN NEW; END $$")
+        cursor.execute(
+            "CREATE TRIGGER test_see_setting AFTER UPDATE ON cleanup_chunk FOR EACH ROW "
+            "WHEN (OLD.deliveries <> NEW.deliveries) EXECUTE FUNCTION test_see_setting()")
+    try:
+        apply()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT setting FROM test_seen_setting ORDER BY id")
+            return [setting for (setting,) in cursor.fetchall()]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER test_see_setting ON cleanup_chunk; "
+                           "DROP FUNCTION test_see_setting(); DROP TABLE test_seen_setting")
+
+
 @pytest.mark.parametrize("broker", ["orm", "redis"])
 def test_a_deliverys_start_never_waits_for_its_flush(request, broker, account):
     if broker == "redis":
@@ -99,8 +123,7 @@ def test_a_deliverys_start_never_waits_for_its_flush(request, broker, account):
     LeaseFactory.create_batch(3, account=account, expired=True)
     chunks = list(dispatch("expire-leases").run.chunks.all())
 
-    # The statement that counts a delivery's start, in its transaction.
-    seen = settings_after('"deliveries" = ', lambda: [apply_chunk(c.message) for c in chunks])
+    seen = settings_at_each_start(lambda: [apply_chunk(c.message) for c in chunks])
 
     assert seen == ["off"] * len(chunks)
     assert session_setting() == "on"

@@ -75,7 +75,8 @@ def test_a_transient_failure_is_recorded_with_its_error_line_then_the_commit(
 def test_a_delivery_whose_worker_died_stays_without_an_outcome(expired_leases):
     chunk = dispatch("expire-leases").run.chunks.get()
     # What a worker killed mid-chunk leaves: its start committed, nothing after.
-    transitions.start_delivery(chunk, received_at=timezone.now(), worker="host-a:41:ab")
+    transitions.start_delivery(chunk.run_id, chunk.chunk_id, received_at=timezone.now(),
+                               worker="host-a:41:ab", lock_ms=5_000)
     apply_chunk(chunk.message)  # the broker's redelivery
 
     died, redelivered = waits.deliveries(Chunk.objects.get(pk=chunk.pk))[::-1]
@@ -88,9 +89,12 @@ def test_two_deliveries_at_once_each_end_their_own_entry(expired_leases):
     chunk = dispatch("expire-leases").run.chunks.get()
     # A task longer than django-q2's retry runs twice at once: the first to end must
     # not write its outcome onto the second's entry.
-    first = transitions.start_delivery(chunk, received_at=timezone.now(), worker="a:1:x")
-    chunk.refresh_from_db()
-    second = transitions.start_delivery(chunk, received_at=timezone.now(), worker="b:2:y")
+    _, first = transitions.start_delivery(chunk.run_id, chunk.chunk_id,
+                                          received_at=timezone.now(), worker="a:1:x",
+                                          lock_ms=5_000)
+    _, second = transitions.start_delivery(chunk.run_id, chunk.chunk_id,
+                                           received_at=timezone.now(), worker="b:2:y",
+                                           lock_ms=5_000)
     transitions.to_retrying(chunk, error="Traceback (most recent call last):\n  x\n"
                       "OperationalError: server closed the connection", retries=0,
                       delivery=first)
@@ -123,8 +127,8 @@ def test_a_dead_lettered_delivery_is_recorded_with_its_class_and_cause(
 def test_the_history_keeps_the_last_fifty_deliveries(expired_leases):
     chunk = dispatch("expire-leases").run.chunks.get()
     for _ in range(transitions.HISTORY_KEPT + 10):
-        chunk.refresh_from_db()
-        transitions.start_delivery(chunk, received_at=timezone.now(), worker="w:1:t")
+        transitions.start_delivery(chunk.run_id, chunk.chunk_id, received_at=timezone.now(),
+                                   worker="w:1:t", lock_ms=5_000)
     chunk.refresh_from_db()
 
     assert [entry["n"] for entry in chunk.history] == list(range(11, 61))

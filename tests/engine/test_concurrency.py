@@ -351,7 +351,7 @@ def test_a_cancel_committed_while_a_delivery_waits_for_its_chunk_lock_stops_it()
     with faults.injected(faults.BEFORE_CHUNK_LOCK, lock_it_first):
         delivery = Worker(apply_chunk, chunk.message)
         delivery.start()
-        wait_for(lambda: waiting_statements('SELECT "cleanup_chunk"') == 1,
+        wait_for(lambda: waiting_statements("SELECT * FROM cleanup_chunk_begin_v1") == 1,
                  what="the delivery to wait for the chunk's lock")
         # Cancelled as cancel_runs leaves a run whose chunk a delivery holds.
         Run.objects.filter(pk=run.pk).update(state=Run.State.CANCELLED)

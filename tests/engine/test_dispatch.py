@@ -107,10 +107,10 @@ def test_run_chunks_and_queue_messages_commit_together(expired_leases, chunk_siz
 
 
 def test_failure_while_planning_leaves_no_run_chunk_or_message(expired_leases, monkeypatch):
-    def broken_send(chunks, **options):
+    def broken_broker(*args, **options):
         raise RuntimeError("injected: broker down")
 
-    monkeypatch.setattr(transport, "send", broken_send)
+    monkeypatch.setattr(transport, "async_task", broken_broker)
     with pytest.raises(RuntimeError):
         dispatch("expire-leases", key="k2")
 

@@ -4,17 +4,14 @@ window); an indicator that fails halts; lock waits shrink the next chunks."""
 
 from __future__ import annotations
 
-import uuid
-from types import SimpleNamespace
-
 import pytest
 from django.db import connection, transaction
 from django_q.models import OrmQ
 
-from cleanup.engine import pressure, sizing, window
+from cleanup.engine import pressure, sizing, transitions, window
 from cleanup.engine.dispatch import describe_dispatch, dispatch
 from cleanup.engine.pressure import Level, Signal
-from cleanup.engine.worker import Outcome, apply_chunk, bound_transaction
+from cleanup.engine.worker import Outcome, apply_chunk
 from cleanup.models import Chunk, Halt, Run
 from cleanup.observability.status import run_summary
 from cleanup.policies import get_policy
@@ -160,17 +157,20 @@ def test_lock_waits_make_the_next_chunks_learn_against_a_quarter_of_the_budget(
 # transaction=True: SET LOCAL lasts to the end of the outermost transaction, which the
 # chunk's own is in a worker.
 @pytest.mark.django_db(transaction=True)
-def test_a_chunk_transaction_names_itself_for_the_lock_waits_indicator():
-    chunk = SimpleNamespace(run_id=uuid.UUID(int=7), chunk_id=3)
+def test_a_chunk_transaction_names_itself_for_the_lock_waits_indicator(expired_leases):
+    chunk = dispatch(POLICY).run.chunks.first()
     with transaction.atomic():
-        bound_transaction(chunk)
+        transitions.begin(chunk, bounds=(5_000, 30_000, 5_000),
+                          application=pressure.CHUNK_APPLICATION_NAME,
+                          asynchronous=False, row_lock_ms=None)
         with connection.cursor() as cursor:
             cursor.execute("SHOW application_name")
             assert cursor.fetchone()[0] == pressure.CHUNK_APPLICATION_NAME
             # ... and for the outbox's triggers, which record where an event came from.
             cursor.execute("SELECT current_setting('cleanup.source'), "
                            "current_setting('cleanup.chunk_id')")
-            assert cursor.fetchone() == (f"run {chunk.run_id} chunk 3", "3")
+            assert cursor.fetchone() == (f"run {chunk.run_id} chunk {chunk.chunk_id}",
+                                         str(chunk.chunk_id))
     with connection.cursor() as cursor:
         cursor.execute("SHOW application_name")
         assert cursor.fetchone()[0] != pressure.CHUNK_APPLICATION_NAME

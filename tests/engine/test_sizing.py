@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from cleanup.engine import sizing
+from cleanup.engine import sizing, transitions
 from cleanup.engine.dispatch import dispatch
 from cleanup.models import Chunk, Run
 from cleanup.policies import ITEMS, RANGE, get_policy
@@ -193,12 +193,12 @@ def test_within_a_run_a_busy_client_does_not_shrink_the_next_chunk():
 
 @pytest.mark.parametrize("scheme, span", [(RANGE, 3_000), (ITEMS, 0)])
 def test_the_pace_read_with_the_locked_run_is_the_one_read_on_its_own(scheme, span):
-    # A chunk's top-up reads the run's latest chunks in the statement that locks it.
+    # A chunk's top-up reads the run's latest chunks in the call that locks it.
     run = history(scheme, chunks=sizing.LATEST + 2, rows=1_000, duration_ms=10, span=span,
                   cpu_wait_ms=2)
     Chunk.objects.filter(run=run, chunk_id=1).update(duration_ms=500)  # the oldest: left out
     run.state, run.next_chunk_size = Run.State.RUNNING, 6_000
-    (read,) = sizing.with_latest_chunks(Run.objects.filter(pk=run.pk))
+    read = transitions.lock_run(run.pk, sizing.LATEST)
     assert len(read.latest_chunks) == sizing.LATEST
     if scheme == ITEMS:  # its large messages are not read for a span they do not carry
         assert {chunk["message__start_id"] for chunk in read.latest_chunks} == {None}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -466,16 +467,17 @@ def test_idempotency_keys_are_logged_at_debug(expired_leases, caplog):
 # What a chunk's end costs: a range chunk whose commit plans the next
 
 
-def test_a_range_chunk_that_plans_the_next_costs_fifteen_statements(account, settings):
-    """Its DELETE and fourteen of bookkeeping (and, outside a test, two COMMITs and
-    four savepoints). Pinned so a change that adds a round trip to every chunk is seen: on a
-    small machine each costs about 1 ms of the worker's time beside a 40 ms DELETE
-    (docs/performance.md, The fixed cost of a chunk). One bounds the delivery's start,
-    which locks the chunk's row: a process frozen there must not keep the chunk from its
-    redelivery. The top-up reads the policy's runs, its chunks in flight and whether a
-    halt is open in one statement, and reads the halts only when one is open or the
-    signal opens one; it locks the run with its latest chunks' pace; and a run it left
-    with more to plan is not settled again (it is running under that lock)."""
+def test_a_range_chunk_that_plans_the_next_costs_five_statements(account, settings):
+    """Its DELETE and four calls of the ledger's functions (and, outside a test, the
+    chunk transaction's BEGIN and COMMIT): 6 round trips besides the DELETE. Pinned so a
+    change that adds a round trip to every chunk is seen: on a small machine each costs
+    about 1 ms of the worker's time beside a 40 ms DELETE (docs/performance.md, The fixed
+    cost of a chunk). The delivery's start, committed on its own; the chunk's
+    transaction opened (bounds, name, lock, its run's state); its outcome recorded with
+    the window's top-up opened (the planning lock, the policy's runs, its chunks in
+    flight, whether a halt is open, the oldest run locked with its latest chunks' pace);
+    and the next chunk, planned from the run's density, written with its queue row and
+    the run's planning. No savepoint: nothing in between can fail the transaction."""
     settings.CLEANUP_CHUNK_BUDGET_MS = 40  # sizing reads the run's pace, as by default
     Lease.objects.bulk_create(LeaseFactory.build_batch(2_600, account=account, expired=True))
     run = dispatch("expire-leases", scheme="range").run
@@ -487,12 +489,17 @@ def test_a_range_chunk_that_plans_the_next_costs_fifteen_statements(account, set
     with CaptureQueriesContext(connection) as queries:
         assert apply_chunk(first.message) == Outcome.DELETED
 
-    # In the test's transaction the chunk's two transactions are savepoints.
-    statements = [q["sql"] for q in queries.captured_queries
-                  if not q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
-    assert [sql.split()[0] for sql in statements].count("DELETE") == 1
-    assert len(statements) == 15, "\n".join(sql[:100] for sql in statements)
+    # In the test's transaction the chunk's own transaction is a savepoint.
+    statements = [q["sql"] for q in queries.captured_queries]
+    assert [sql.split()[0] for sql in statements] == [
+        "SELECT", "SAVEPOINT", "SELECT", "DELETE", "SELECT", "SELECT", "RELEASE"], (
+        "\n".join(sql[:100] for sql in statements))
+    assert [re.search(r"cleanup_\w+_v1", sql).group() for sql in statements
+            if sql.startswith("SELECT")] == [
+        "cleanup_delivery_start_v1", "cleanup_chunk_begin_v1", "cleanup_top_up_open_v1",
+        "cleanup_run_planned_v1"]
     assert len(chunks_of(run)) == 5  # the chunk's end planned the next
+    assert chunks_of(run)[-1].rows_estimated  # ... from the density, not counted
     # ... at the size the chunk's pace gives, read as on its own.
     after = Run.objects.get(pk=run.pk)
     assert (after.next_chunk_size, after.max_span) == sizing.next_size(before, get_policy(

@@ -88,10 +88,10 @@ def test_the_circle_finder_finds_a_circle():
 
 
 def test_the_state_machine_imports_only_the_models():
-    # cleanup.expressions holds ORM expressions only (a chunk's history is appended
-    # to with one); it imports nothing of the engine.
-    assert import_graph()[LEDGER_WRITER] <= {"cleanup.models", "cleanup.exceptions",
-                                             "cleanup.expressions"}
+    # The ledger's functions are the database's (cleanup/sql): the module that calls
+    # them needs the models and the error texts only. cleanup.expressions holds ORM
+    # expressions only; it imports nothing of the engine.
+    assert import_graph()[LEDGER_WRITER] <= {"cleanup.models", "cleanup.exceptions"}
     assert not {name for name in import_graph()["cleanup.expressions"]
                 if name.startswith("cleanup.")}
 
@@ -149,6 +149,30 @@ def test_only_the_database_writes_the_totals():
     assert adders == ["cleanup/outbox/events.py", "cleanup/sql/totals_v1.sql"]
 
 
+def test_the_ledgers_functions_have_one_caller_and_the_sql_files_define_them_all():
+    """The transitions in cleanup/sql (a chunk's delivery, the window) are called from
+    cleanup.engine.transitions alone, and each one it calls is defined, versioned, in a
+    file the migrations install."""
+    sql = {path.name: path.read_text() for path in (ENGINE / "sql").glob("*.sql")}
+    defined = {name for text in sql.values()
+               for name in re.findall(r"CREATE OR REPLACE FUNCTION (cleanup_\w+)\(", text)}
+    ledger = {name for name in defined
+              if not name.startswith(("cleanup_total_", "cleanup_count_", "cleanup_figures_",
+                                      "cleanup_chunk_change_", "cleanup_run_change_"))}
+    assert all(re.fullmatch(r"cleanup_\w+_v\d+", name) for name in defined)
+    callers = {}
+    for path in ENGINE.rglob("*.py"):
+        if "migrations" in path.parts:
+            continue
+        for name in re.findall(r"\b(cleanup_\w+_v\d+)\(", path.read_text()):
+            if name in ledger:
+                callers.setdefault(str(path.relative_to(ROOT)), set()).add(name)
+    assert set(callers) == {"cleanup/engine/transitions.py"}, callers
+    assert callers["cleanup/engine/transitions.py"] <= ledger
+    installed = "".join(path.read_text() for path in (ENGINE / "migrations").glob("*.py"))
+    assert all(f'"{name}"' in installed for name in sql), sorted(sql)
+
+
 def test_the_write_finder_finds_each_kind_of_write():
     source = '''
 Event.objects.filter(pk=1).update(state="dead")
@@ -185,8 +209,6 @@ def test_the_folder_tree_shows_the_parts():
 LONG_ON_PURPOSE = {
     "cleanup.engine.dispatch": "one idea: a dispatch, its dry run's counts, the result it "
                                "returns and its sentence",
-    "cleanup.engine.worker": "one idea: a delivery of a chunk message applied (rows locked "
-                             "elsewhere skipped), refused, or kept as an orphan",
 }
 
 

@@ -191,3 +191,45 @@ def wal_written(since: str) -> int:
         cursor.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)::bigint",
                        [since])
         return cursor.fetchone()[0]
+
+
+# The ledger's functions (cleanup/sql) a pipeline's chunks call: with their statements
+# inside them, a statement's time is the function's (pg_stat_user_functions, counted
+# where ``track_functions`` is 'pl' or 'all').
+LEDGER_FUNCTIONS = "cleanup\\_%\\_v_"
+
+
+def track_functions(on: bool) -> bool:
+    """Count the time of every PL/pgSQL function called in the database (``on``), or stop
+    (a setting of the database, which the queue's processes read when they connect);
+    False if it could not be set (it takes a superuser)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+        if not cursor.fetchone()[0]:
+            return False
+        name = connection.ops.quote_name(connection.settings_dict["NAME"])
+        cursor.execute(f"ALTER DATABASE {name} SET track_functions = 'pl'" if on
+                       else f"ALTER DATABASE {name} RESET track_functions")
+    return True
+
+
+def function_times() -> dict[str, tuple[int, float, float]]:
+    """Each ledger function's calls, total and self time in ms so far, as the server's
+    statistics have them (each backend adds its own when it goes idle)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT funcname, calls, total_time, self_time "
+                       "FROM pg_stat_user_functions WHERE funcname LIKE %s", [LEDGER_FUNCTIONS])
+        return {name: (calls, total, own) for name, calls, total, own in cursor.fetchall()}
+
+
+def function_times_since(before: dict) -> dict[str, dict]:
+    """What each ledger function was called for since ``before``: its calls, and the
+    milliseconds a call took (its total, and its own without the functions it called)."""
+    spent = {}
+    for name, (calls, total, own) in function_times().items():
+        calls0, total0, own0 = before.get(name, (0, 0.0, 0.0))
+        if calls > calls0:
+            spent[name] = {"calls": calls - calls0,
+                           "ms_per_call": round((total - total0) / (calls - calls0), 3),
+                           "self_ms_per_call": round((own - own0) / (calls - calls0), 3)}
+    return spent

@@ -42,6 +42,9 @@ class Result:
     # WAL the server wrote from the contender's start to its end (probes.wal_written):
     # the whole server's, the renewals' included.
     wal_bytes: int | None = None
+    # A pipeline's calls of the ledger's functions and their time per call
+    # (probes.function_times_since); None where the server did not count them.
+    functions: dict | None = None
 
     @property
     def rows_per_second(self) -> float:

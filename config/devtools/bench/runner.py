@@ -28,8 +28,11 @@ from config.devtools.bench.probes import (
     MemoryProbe,
     RenewalProbe,
     VacuumProbe,
+    function_times,
+    function_times_since,
     sample_ids,
     summary,
+    track_functions,
     wal_position,
     wal_written,
 )
@@ -61,6 +64,7 @@ def run_bench(preset: data.Preset, *, timeout: float, say: Callable[[str], None]
     )
     cluster = Cluster("bench", os.environ.copy())
     results: list[Result] = []
+    tracked = track_functions(True)  # before the queue's processes connect
     cluster.start()
     load = CpuLoad(cpu_load)
     try:
@@ -78,8 +82,11 @@ def run_bench(preset: data.Preset, *, timeout: float, say: Callable[[str], None]
         for name, contender in contenders(preset.per_row_sample, only=only).items():
             checkpointed = data.restore(seeded_at)
             say(f"{name}: running...")
+            before = function_times() if tracked else None
             result = _measure(contender, policy, timeout, cluster)
             result.name = name
+            if before is not None and name.startswith("pipeline"):
+                result.functions = function_times_since(before)
             result.checks["checkpoint before the run"] = checkpointed or None
             results.append(result)
             efficiency = (f", time efficiency {result.time_efficiency:.0%}"
@@ -93,7 +100,10 @@ def run_bench(preset: data.Preset, *, timeout: float, say: Callable[[str], None]
             try:
                 cluster.stop()
             finally:
-                data.drop_template()
+                try:
+                    data.drop_template()
+                finally:
+                    track_functions(False)
     return _report(preset, policy, idle, results) | {
         "idle_wal_bytes_per_second": round(idle_wal), "reminders": reminders,
         "cpu_load": cpu_load, "only": only}

@@ -289,7 +289,16 @@ def _why(runs: dict, names) -> str:
             f"statement {statement:.1f} ms{waited}, starting + finishing {fixed:.1f} ms "
             f"({fixed / statement:.1f}x the statement), waiting for a worker "
             f"{spent['waiting']['p50']:.1f} ms; {row['chunks']:,} chunks of "
-            f"{row['chunk_size']:,} rows (median)")
+            f"{row['chunk_size']:,} rows (median)" + _inside(row.get("functions")))
+
+
+def _inside(functions: dict | None) -> str:
+    """The ledger's functions a pipeline called, each with its mean time per call."""
+    if not functions:
+        return ""
+    return "; in the ledger's functions, per call: " + ", ".join(
+        f"{name} {spent['ms_per_call']:.2f} ms"
+        for name, spent in sorted(functions.items(), key=lambda item: -item[1]["calls"]))
 
 
 def _rate(report: dict, name: str) -> float:
