@@ -7,7 +7,6 @@ from datetime import datetime
 
 import structlog
 from django.db import DatabaseError, transaction
-from django.db.models import Q
 from django.dispatch import receiver
 from django_q.signals import post_execute, pre_enqueue, pre_execute
 
@@ -33,7 +32,7 @@ def record_acknowledgement(sender, task, **kwargs) -> None:
     if run_id is None or chunk_id is None:
         return
     try:
-        transitions.to_acknowledged(Q(run_id=run_id, chunk_id=chunk_id))
+        transitions.to_acknowledged(run_id, chunk_id)
     except DatabaseError as exc:
         # This runs in django-q2's monitor loop; an error here must not stop it. The
         # chunk stays committed, which reads as "awaiting acknowledgement".

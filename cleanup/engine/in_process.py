@@ -17,7 +17,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from django.db.models import Q, Sum
+from django.db.models import Sum
 
 from cleanup.conf import conf
 from cleanup.engine import halts, leases, transitions, transport, window
@@ -71,7 +71,7 @@ def apply_in_process(run: Run, taken: dict, progress: Progress | None = None) ->
             return Applied(applied, own, rows_changed_by(run), True, note, chunk.chunk_id,
                            cause)
         transport.finished_here(taken, chunk.pk)
-        transitions.to_acknowledged(Q(pk=chunk.pk))
+        transitions.to_acknowledged(chunk.run_id, chunk.chunk_id)
         changed = _committed_here(chunk)
         if changed is None:
             continue  # a worker had finished it: this delivery was a no-op

@@ -33,9 +33,8 @@ from collections.abc import Iterable
 from datetime import datetime
 
 import structlog
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
-from django.db.models import F, JSONField, Q
+from django.db.models import JSONField
 from django.utils import timezone
 
 from cleanup.exceptions import cause_of
@@ -51,12 +50,10 @@ HISTORY_KEPT = 50
 
 def planned_to_enqueued(pks: Iterable[int], now: datetime | None = None) -> int:
     """planned → enqueued, as their messages are sent."""
-    return Chunk.objects.filter(pk__in=list(pks), state=Chunk.State.PLANNED).update(
-        state=Chunk.State.ENQUEUED, enqueued_at=now or timezone.now()
-    )
+    return _call(_ENQUEUED, list(pks), now or timezone.now())
 
 
-# The ledger's functions (cleanup/sql/delivery_v1.sql, window_v1.sql), one call each.
+# The ledger's functions (cleanup/sql/delivery_v1.sql, window_v1.sql), one call each...
 _START = "SELECT cleanup_delivery_start_v1(%s, %s, %s, %s, %s, %s, %s)"
 _BEGIN = "SELECT * FROM cleanup_chunk_begin_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 _COMMITTED = "SELECT cleanup_chunk_committed_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
@@ -72,6 +69,17 @@ _LOCK_RUN = "SELECT cleanup_run_lock_v1(%s, %s)"
 _LATEST = "SELECT cleanup_run_latest_v1(%s, %s)"
 _SETTLE = "SELECT cleanup_run_settle_v1(%s, %s)"
 _PLANNED = "SELECT cleanup_run_planned_v1(%s, %s::jsonb, %s::jsonb, %s::jsonb, %s)"
+# ... and the others (cleanup/sql/ledger_v1.sql).
+_CREATED = "SELECT cleanup_run_created_v1(%s::jsonb)"
+_ELIGIBLE = "SELECT cleanup_run_eligible_v1(%s, %s)"
+_PLANNING_FAILED = "SELECT cleanup_run_planning_failed_v1(%s, %s)"
+_SENT = "SELECT cleanup_runs_sent_v1(%s::jsonb)"
+_ENQUEUED = "SELECT cleanup_chunks_enqueued_v1(%s::bigint[], %s)"
+_RECONCILED = "SELECT cleanup_chunks_reconciled_v1(%s::bigint[], %s)"
+_ACKNOWLEDGED = "SELECT cleanup_chunk_acknowledged_v1(%s, %s, %s)"
+_REQUEUED = "SELECT cleanup_chunks_requeued_v1(%s::bigint[], %s)"
+_DISCARDED = "SELECT cleanup_chunks_discarded_v1(%s::bigint[], %s, %s)"
+_CANCELLED = "SELECT cleanup_runs_cancelled_v1(%s::uuid[], %s)"
 
 
 def _call(sql: str, *args):
@@ -199,6 +207,12 @@ def begin(chunk: Chunk, *, bounds: tuple[int, int, int], application: str,
     return row
 
 
+def _json_value(value) -> str:
+    """A value JSON has no type for, as PostgreSQL reads it back exactly: a moment with
+    its microseconds (Django's encoder keeps milliseconds), a UUID as its text."""
+    return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
 def _loaded(model, row: dict):
     """An instance of ``model`` from its row as the database's ``to_jsonb`` gives it."""
     fields = model._meta.concrete_fields
@@ -208,11 +222,9 @@ def _loaded(model, row: dict):
     return model.from_db(connection.alias, [field.attname for field in fields], values)
 
 
-def to_acknowledged(chunks: Q) -> int:
+def to_acknowledged(run_id, chunk_id: int) -> bool:
     """committed → acknowledged, once the broker has acknowledged the message."""
-    return Chunk.objects.filter(chunks, state=Chunk.State.COMMITTED).update(
-        state=Chunk.State.ACKNOWLEDGED, acknowledged_at=timezone.now()
-    )
+    return _call(_ACKNOWLEDGED, run_id, chunk_id, timezone.now())
 
 
 def to_retrying(chunk: Chunk, *, error: str, retries: int, delivery: int | None = None) -> bool:
@@ -240,80 +252,39 @@ def dead_to_enqueued(pks: Iterable[int]) -> list[Chunk]:
     """dead_lettered → enqueued, unless the run was cancelled (the caller settles the
     runs, which reopen).
 
-    The deliveries that never completed are set aside, so the poison limit counts
-    afresh; the counters themselves keep adding. Returns the chunks requeued, locked.
+    The chunks are locked, then their runs, and only then is "not cancelled" settled: a
+    cancel that committed while the chunks were being locked is seen. The deliveries
+    that never completed are set aside, so the poison limit counts afresh; the counters
+    themselves keep adding. Returns the chunks requeued, locked.
     """
-    dead = list(_lock_chunks(Chunk.objects.filter(pk__in=list(pks),
-                                                  state=Chunk.State.DEAD_LETTERED)))
-    # Then their runs, and only now is "not cancelled" settled: a cancel that committed
-    # while the chunks were being locked is seen here.
-    cancelled = set(_lock_runs(Run.objects.filter(
-        pk__in={c.run_id for c in dead}, state=Run.State.CANCELLED)).values_list("pk", flat=True))
-    chunks = [c for c in dead if c.run_id not in cancelled]
-    now = timezone.now()
-    for chunk in chunks:
-        chunk.unfinished_forgiven = chunk.deliveries - chunk.deliveries_completed
-        chunk.state = Chunk.State.ENQUEUED
-        chunk.enqueued_at = now
-        chunk.save(update_fields=["unfinished_forgiven", "state", "enqueued_at"])
-    return chunks
+    return _chunks(_call(_REQUEUED, list(pks), timezone.now()))
 
 
 def dead_to_discarded(pks: Iterable[int], reason: str) -> list[Chunk]:
     """dead_lettered → discarded with a reason; returns the chunks discarded, locked."""
-    chunks = list(_lock_chunks(Chunk.objects.filter(pk__in=list(pks),
-                                                    state=Chunk.State.DEAD_LETTERED)))
-    Chunk.objects.filter(pk__in=[c.pk for c in chunks]).update(
-        state=Chunk.State.DISCARDED, discard_reason=reason, discarded_at=timezone.now()
-    )
-    return chunks
+    return _chunks(_call(_DISCARDED, list(pks), reason, timezone.now()))
 
 
 def runs_to_cancelled(run_ids: Iterable) -> list[tuple[Run, int]]:
-    """running → cancelled, and each run's unfinished chunks → cancelled.
+    """running → cancelled, and each run's unfinished chunks → cancelled; its frontier
+    stops.
 
-    Chunks are locked before runs: the order a committing worker takes its locks in.
-    Returns each cancelled run with the number of its chunks cancelled.
+    Chunks are locked before runs: the order a committing worker takes its locks in. A
+    chunk requeued between the two is cancelled too, unless a delivery holds it now
+    (its commit then finds the run cancelled and keeps it so). Returns each cancelled
+    run with the number of its chunks cancelled.
     """
-    run_ids = list(run_ids)
-    unfinished = list(
-        _lock_chunks(Chunk.objects.filter(run_id__in=run_ids, state__in=UNFINISHED))
-        .values_list("pk", flat=True)
-    )
-    runs = list(_lock_runs(Run.objects.filter(pk__in=run_ids, state=Run.State.RUNNING)))
-    now = timezone.now()
-    cancelled = []
-    for run in runs:
-        chunks = Chunk.objects.filter(run=run, pk__in=unfinished, state__in=UNFINISHED).update(
-            state=Chunk.State.CANCELLED
-        )
-        # A chunk requeued between the first lock and the run's: cancel it too, unless a
-        # delivery holds it now (its commit then finds the run cancelled and keeps it so).
-        late = _lock_chunks(Chunk.objects.filter(run=run, state__in=UNFINISHED),
-                            skip_locked=True).values_list("pk", flat=True)
-        chunks += Chunk.objects.filter(pk__in=list(late)).update(state=Chunk.State.CANCELLED)
-        # Its frontier stops: nothing more is planned for it.
-        run.state, run.finished_at = Run.State.CANCELLED, now
-        run.planned_all, run.frontier = True, None
-        run.save(update_fields=["state", "finished_at", "planned_all", "frontier"])
-        cancelled.append((run, chunks))
-    return cancelled
+    cancelled = json.loads(_call(_CANCELLED, [str(pk) for pk in run_ids], timezone.now()))
+    return [(_loaded(Run, entry["run"]), entry["chunks"]) for entry in cancelled]
 
 
-def _lock_chunks(chunks, *, skip_locked: bool = False):
-    """Lock chunk rows only (not their runs, which the default ordering would join), in pk
-    order: chunks before runs, the order a committing worker takes its locks in."""
-    return chunks.select_for_update(of=("self",), skip_locked=skip_locked).order_by("pk")
+def _chunks(text: str) -> list[Chunk]:
+    return [_loaded(Chunk, row) for row in json.loads(text)]
 
 
 def chunk_fields(chunk: Chunk) -> dict:
     """What every log line about a chunk names it by."""
     return {"run_id": str(chunk.run_id), "chunk_id": chunk.chunk_id, "policy": chunk.run.policy}
-
-
-def _lock_runs(runs):
-    """Lock run rows oldest first, the order the window plans them in."""
-    return runs.select_for_update().order_by("created_at", "pk")
 
 
 def in_lock_order(run_ids) -> list:
@@ -324,8 +295,7 @@ def in_lock_order(run_ids) -> list:
 def record_eligible(run_id, rows: int) -> bool:
     """The rows eligible at dispatch, recorded once (a fact of the dispatch, like its
     cutoff); False if it had been recorded already."""
-    return bool(Run.objects.filter(pk=run_id, eligible_at_dispatch__isnull=True)
-                .update(eligible_at_dispatch=rows))
+    return _call(_ELIGIBLE, run_id, rows)
 
 
 def settle_run(run_id) -> Run:
@@ -347,7 +317,13 @@ def settle_run(run_id) -> Run:
 
 def create_run(**fields) -> Run:
     """A new run, as dispatch froze it (its cutoff, parameters, span and frontier)."""
-    return Run.objects.create(**fields)
+    run = Run(**fields)
+    row = {field.column: (field.value_from_object(run) if isinstance(field, JSONField)
+                          else field.get_prep_value(field.value_from_object(run)))
+           for field in Run._meta.concrete_fields}
+    _call(_CREATED, json.dumps(row, default=_json_value))
+    run._state.adding = False
+    return run
 
 
 def record_planned(run: Run, chunks: list[dict], queue: list) -> dict:
@@ -368,24 +344,23 @@ def record_planned(run: Run, chunks: list[dict], queue: list) -> dict:
                 "messages_sent": run.messages_sent}
     rows = [{"key": row.key, "payload": row.payload, "lock": row.lock.isoformat()}
             for row in queue]
-    return json.loads(_call(_PLANNED, run.pk, json.dumps(chunks, cls=DjangoJSONEncoder),
+    return json.loads(_call(_PLANNED, run.pk, json.dumps(chunks, default=_json_value),
                             json.dumps(planning), json.dumps(rows), timezone.now()))
 
 
 def record_planning_error(run_id, error: str) -> None:
     """Keep why planning the run's next chunk failed (it is tried again later)."""
-    Run.objects.filter(pk=run_id).update(planning_error=error)
+    _call(_PLANNING_FAILED, run_id, error)
 
 
 def count_sent(per_run: dict) -> None:
     """Messages sent, per run (first sends and re-sends). Counted on the run, not its
     chunks: a chunk row may be locked by a delivery in progress, and a re-send must
     not wait for it."""
-    for run_id, sent in per_run.items():
-        Run.objects.filter(pk=run_id).update(messages_sent=F("messages_sent") + sent)
+    if per_run:
+        _call(_SENT, json.dumps({str(run_id): sent for run_id, sent in per_run.items()}))
 
 
 def count_reconciled(pks: Iterable[int], now: datetime) -> None:
     """Chunks the reconciler re-sent."""
-    Chunk.objects.filter(pk__in=list(pks)).update(reconciled_at=now,
-                                                  reconciles=F("reconciles") + 1)
+    _call(_RECONCILED, list(pks), now)

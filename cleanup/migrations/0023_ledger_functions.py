@@ -1,6 +1,7 @@
 # The ledger's transitions as the database's own functions: a chunk's delivery
-# (cleanup/sql/delivery_v1.sql) and the window (cleanup/sql/window_v1.sql); and a
-# chunk's planned rows marked where they were estimated rather than counted.
+# (cleanup/sql/delivery_v1.sql), the window (cleanup/sql/window_v1.sql) and the others
+# (cleanup/sql/ledger_v1.sql); and a chunk's planned rows marked where they were
+# estimated rather than counted.
 
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from django.db import migrations, models
 SQL = Path(__file__).resolve().parent.parent / "sql"
 DELIVERY_V1 = (SQL / "delivery_v1.sql").read_text()
 WINDOW_V1 = (SQL / "window_v1.sql").read_text()
+LEDGER_V1 = (SQL / "ledger_v1.sql").read_text()
 
 DROP_DELIVERY_V1 = """
 DROP FUNCTION IF EXISTS
@@ -34,6 +36,20 @@ DROP FUNCTION IF EXISTS
     cleanup_run_planned_v1(uuid, jsonb, jsonb, jsonb, timestamptz);
 """
 
+DROP_LEDGER_V1 = """
+DROP FUNCTION IF EXISTS
+    cleanup_run_created_v1(jsonb),
+    cleanup_run_eligible_v1(uuid, bigint),
+    cleanup_run_planning_failed_v1(uuid, text),
+    cleanup_runs_sent_v1(jsonb),
+    cleanup_chunks_enqueued_v1(bigint[], timestamptz),
+    cleanup_chunks_reconciled_v1(bigint[], timestamptz),
+    cleanup_chunk_acknowledged_v1(uuid, integer, timestamptz),
+    cleanup_chunks_requeued_v1(bigint[], timestamptz),
+    cleanup_chunks_discarded_v1(bigint[], text, timestamptz),
+    cleanup_runs_cancelled_v1(uuid[], timestamptz);
+"""
+
 
 class Migration(migrations.Migration):
 
@@ -49,4 +65,5 @@ class Migration(migrations.Migration):
         ),
         migrations.RunSQL(DELIVERY_V1, DROP_DELIVERY_V1),
         migrations.RunSQL(WINDOW_V1, DROP_WINDOW_V1),
+        migrations.RunSQL(LEDGER_V1, DROP_LEDGER_V1),
     ]

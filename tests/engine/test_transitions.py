@@ -7,7 +7,6 @@ changes nothing (a committed chunk is never dead-lettered, a cancelled one stays
 from __future__ import annotations
 
 import pytest
-from django.db.models import Q
 
 from cleanup.engine import outcomes, transitions
 from cleanup.engine.dispatch import dispatch
@@ -31,7 +30,7 @@ TABLE = {
 APPLY = {
     "enqueue": lambda chunk: transitions.planned_to_enqueued([chunk.pk]),
     "commit": lambda chunk: transitions.to_committed(chunk, deleted=1, retries=0, elapsed=0.01),
-    "acknowledge": lambda chunk: transitions.to_acknowledged(Q(pk=chunk.pk)),
+    "acknowledge": lambda chunk: transitions.to_acknowledged(chunk.run_id, chunk.chunk_id),
     "retry": lambda chunk: transitions.to_retrying(chunk, error="lock timeout", retries=3),
     "dead_letter": lambda chunk: transitions.to_dead_lettered(chunk, "bad", "malformed"),
     "requeue": lambda chunk: transitions.dead_to_enqueued([chunk.pk]),

@@ -129,6 +129,9 @@ def test_only_the_state_machine_writes_runs_and_chunks():
     statement over cleanup's tables, the ledger purge, is the worker's generic DELETE,
     not one of these)."""
     assert writes_outside_their_writer({"Run", "Chunk"}) == []
+    # ... and the state machine's own writes are the database's functions' (cleanup/sql):
+    # no ORM write or SQL statement of a run or a chunk in Python at all.
+    assert writes_of((ENGINE / "engine" / "transitions.py").read_text()) == []
 
 
 def test_only_the_outbox_writer_writes_events():
