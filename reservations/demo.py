@@ -78,7 +78,7 @@ def run_demo(*, expired: int, active: int, racers: int, timeout: float,
     expiring = [holds[0] for holds in lined_up]
     SeatHold.objects.filter(pk__in=expiring).update(expires_at=timezone.now()
                                                     - timedelta(seconds=1))
-    say(f"Seeded {expired} expired and {active} active holds, and {len(lined_up)} full "
+    say(f"Seeded {expired:,} expired and {active:,} active holds, and {len(lined_up)} full "
         f"sections with {WAITING} learners waiting each.")
 
     holds_run = dispatch(EXPIRE_HOLDS).run

@@ -82,6 +82,8 @@ class CleanupOverviewAdmin(LedgerAdmin):
             "title": f"What {policy} waits on",
             "opts": self.opts, "policy": policy,
             "blockers": blockers.for_policy(policy),
+            # A pause or a halt keeps it from planning whatever no lock does: said too.
+            "halts": [halts.describe(halt) for halt in halts.open_halts(policy)],
         }
         return TemplateResponse(request, "admin/cleanup/cleanupoverview/blockers.html",
                                 context)

@@ -154,9 +154,11 @@ def open_halts(policy_name: str) -> list[Halt]:
 
 
 def describe(halt: Halt, now: datetime | None = None) -> str:
-    """A halt in words: "paused 2 min 10 s by alice: nightly maintenance"."""
+    """A halt in words: "paused 2 min by alice: nightly maintenance"; "paused just now"
+    in its first second (not "0.0 s")."""
     until = halt.ended_at or now or timezone.now()
-    took = duration(max(until - halt.began_at, timedelta(0)).total_seconds())
+    seconds = max(until - halt.began_at, timedelta(0)).total_seconds()
+    took = duration(seconds) if seconds >= 1 else "just now"
     if halt.reason == Halt.PAUSED:
         who = f" by {halt.actor}" if halt.actor else ""
         return f"paused {took}{who}: {halt.detail}"

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 import structlog
 from django.db import transaction
 
+from cleanup.conf import conf
 from cleanup.engine import halts, sizing, transitions, window
 from cleanup.models import Chunk, Run
 from cleanup.policies import Policy, find_policy
@@ -34,7 +35,8 @@ def committed(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
     done = transitions.to_committed(
         chunk, deleted=deleted, retries=retries, elapsed=elapsed, updated=updated,
         locked=locked, cpu_wait=cpu_wait, delivery=delivery,
-        then_open=(policy.name, window.size(policy), sizing.LATEST) if policy else None)
+        then_open=(policy.name, window.size(policy), sizing.LATEST, conf.LOCK_TIMEOUT_MS)
+        if policy else None)
     if done:
         _top_up_and_settle(chunk.run_id, policy=policy, opened=done.opened)
     return bool(done)

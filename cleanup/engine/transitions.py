@@ -58,13 +58,13 @@ _START = "SELECT cleanup_delivery_start_v1(%s, %s, %s, %s, %s, %s, %s)"
 _BEGIN = "SELECT * FROM cleanup_chunk_begin_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 _COMMITTED = "SELECT cleanup_chunk_committed_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 _COMMITTED_THEN_OPEN = (
-    "SELECT done, CASE WHEN done THEN cleanup_top_up_open_v1(%s, %s, %s) END "
+    "SELECT done, CASE WHEN done THEN cleanup_top_up_open_v1(%s, %s, %s, %s) END "
     "FROM (SELECT cleanup_chunk_committed_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s) AS done) "
     "AS committed")
 _NOOP = "SELECT cleanup_chunk_noop_v1(%s, %s, %s, %s, %s)"
 _RETRYING = "SELECT cleanup_chunk_retrying_v1(%s, %s, %s, %s, %s, %s)"
 _DEAD_LETTERED = "SELECT cleanup_chunk_dead_lettered_v1(%s, %s, %s, %s, %s, %s, %s)"
-_OPEN = "SELECT cleanup_top_up_open_v1(%s, %s, %s)"
+_OPEN = "SELECT cleanup_top_up_open_v1(%s, %s, %s, %s)"
 _LOCK_RUN = "SELECT cleanup_run_lock_v1(%s, %s)"
 _LATEST = "SELECT cleanup_run_latest_v1(%s, %s)"
 _SETTLE = "SELECT cleanup_run_settle_v1(%s, %s)"
@@ -103,7 +103,7 @@ class Committed:
 
 def to_committed(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
            updated: int = 0, locked: int = 0, cpu_wait: float | None = None,
-           delivery: int | None = None, then_open: tuple[str, int, int] | None = None
+           delivery: int | None = None, then_open: tuple[str, int, int, int] | None = None
            ) -> Committed:
     """unfinished → committed, with the outcome, in the transaction of the chunk's DELETE.
 
@@ -124,13 +124,14 @@ def to_committed(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
     return Committed(done, _opened(opened) if done else None)
 
 
-def open_top_up(policy_name: str, window: int, latest: int) -> dict:
+def open_top_up(policy_name: str, window: int, latest: int, lock_ms: int) -> dict:
     """Open the policy's top-up: its planning lock (the transaction's), its running runs
     that still plan (``runs``, oldest first), its chunks in flight (``flying``), whether
     a halt is open (``halted``), and the oldest run locked for planning (``locked``,
     ``lock_run``'s, with its ``latest`` chunks) where the window has room and no halt
-    is open; or the ``error`` of a lock wait past its bound, the transaction going on."""
-    return _opened(_call(_OPEN, policy_name, window, latest))
+    is open; or the ``error`` of a lock wait past ``lock_ms``, the transaction going
+    on."""
+    return _opened(_call(_OPEN, policy_name, window, latest, lock_ms))
 
 
 def lock_run(run_id, latest: int) -> Run | None:

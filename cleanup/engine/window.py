@@ -95,7 +95,8 @@ def _top_up(policy: Policy, *, strict: bool = False, recheck: bool = True,
     after the first, a count of the next range, a halt's record) runs in a savepoint.
     A run planned from its density, locked by the opening, sends none."""
     if opened is None:
-        opened = transitions.open_top_up(policy.name, size(policy), sizing.LATEST)
+        opened = transitions.open_top_up(policy.name, size(policy), sizing.LATEST,
+                                         conf.LOCK_TIMEOUT_MS)
     if "error" in opened:
         if strict:
             raise OperationalError(opened["error"])

@@ -31,7 +31,7 @@ DROP_WINDOW_V1 = """
 DROP FUNCTION IF EXISTS
     cleanup_run_latest_v1(uuid, integer),
     cleanup_run_lock_v1(uuid, integer),
-    cleanup_top_up_open_v1(text, integer, integer),
+    cleanup_top_up_open_v1(text, integer, integer, integer),
     cleanup_run_settle_v1(uuid, timestamptz),
     cleanup_run_planned_v1(uuid, jsonb, jsonb, jsonb, timestamptz);
 """
@@ -62,6 +62,11 @@ class Migration(migrations.Migration):
             model_name='chunk',
             name='rows_estimated',
             field=models.BooleanField(db_default=False, default=False, help_text="Its planned rows were estimated from the run's density, not counted."),
+        ),
+        migrations.AlterField(
+            model_name='chunk',
+            name='chunk_id',
+            field=models.PositiveIntegerField(help_text='The chunk\'s number within its run, in the order it was planned.'),
         ),
         migrations.RunSQL(DELIVERY_V1, DROP_DELIVERY_V1),
         migrations.RunSQL(WINDOW_V1, DROP_WINDOW_V1),

@@ -155,7 +155,8 @@ class Chunk(models.Model):
     # refuses to delete a run whose chunks remain (they are purged first).
     run = models.ForeignKey(Run, on_delete=models.DO_NOTHING, related_name="chunks")
     # The message's chunk_id, the commands' --chunk ID, the admin's #12.
-    chunk_id = models.PositiveIntegerField(help_text="The chunk's id within its run (#12).")
+    chunk_id = models.PositiveIntegerField(
+        help_text="The chunk's number within its run, in the order it was planned.")
     state = models.CharField(max_length=16, choices=State.choices, default=State.PLANNED)
     message = MessageField(help_text="The message exactly as sent.")
     planned_rows = models.PositiveIntegerField(default=0)

@@ -122,6 +122,11 @@ class PolicyOverview:
     def alerts(self) -> list[Alert]:
         """What the shipped alert rules would say about this policy now."""
         found = []
+        if not self.schedule.installed and self.schedule.cron is not None:
+            # Never "All clear" beside it: nothing dispatches the policy on its schedule.
+            found.append(Alert(self.policy, "not-installed", "Schedule not installed",
+                               "run manage.py cleanup_schedule: until then nothing "
+                               "dispatches it on its schedule", level="warning"))
         if self.schedule.missed:
             found.append(Alert(self.policy, "missed-schedule", "Missed schedule",
                                f"the scheduler has not fired the slot due "

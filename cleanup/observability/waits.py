@@ -144,8 +144,9 @@ def why_it_waits(run: Run, now: datetime | None = None, *, halted: bool = True) 
     if run.state != Run.State.RUNNING:
         return []
     now = now or timezone.now()
+    open_halts = halts.open_halts(run.policy)
     reasons = [f"halted: {halts.describe(halt, now)} (nothing new is planned until it is "
-               "resumed)" for halt in halts.open_halts(run.policy)] if halted else []
+               "resumed)" for halt in open_halts] if halted else []
     if run.planning_error:
         reasons.append(f"planning failed: {run.planning_error.strip().splitlines()[0]}")
     unfinished = list(run.chunks.filter(state__in=Chunk.UNFINISHED).order_by("chunk_id")
@@ -167,7 +168,9 @@ def why_it_waits(run: Run, now: datetime | None = None, *, halted: bool = True) 
                if chunk.state == Chunk.State.ENQUEUED and not _in_progress(chunk, now)]
     if waiting and not applying:
         reasons.append(_queued(waiting, now))
-    if not reasons and not run.planned_all and len(unfinished) < run.window:
+    if (not reasons and not open_halts and not run.planned_all
+            and len(unfinished) < run.window):
+        # (A halted policy plans nothing: said by the caller where it lists the halts.)
         reasons.append("planning its next chunks")
     return reasons
 

@@ -46,13 +46,9 @@ class ScheduleChanges:
     unchanged: list[str] = field(default_factory=list)
 
 
-def install_schedules() -> ScheduleChanges:
-    """Create, update or remove schedules so they match the registered policies.
-
-    The slot django-q2 meant to fire is passed as ``scheduled_for``; it keys the run,
-    so a slot fired twice gives one run.
-    """
-    changes = ScheduleChanges()
+def wanted_schedules() -> dict[str, dict]:
+    """Every schedule ``cleanup_schedule`` keeps, by name: one per policy with a
+    schedule, the engine's own tasks and the host's (``register_task``)."""
     wanted = {
         f"{NAME_PREFIX}{p.name}": {
             "func": DISPATCH_TASK,
@@ -68,6 +64,17 @@ def install_schedules() -> ScheduleChanges:
         wanted[f"{NAME_PREFIX}{name}"] = {
             "func": func, "kwargs": None, "cron": cron, "intended_date_kwarg": None,
         }
+    return wanted
+
+
+def install_schedules() -> ScheduleChanges:
+    """Create, update or remove schedules so they match the registered policies.
+
+    The slot django-q2 meant to fire is passed as ``scheduled_for``; it keys the run,
+    so a slot fired twice gives one run.
+    """
+    changes = ScheduleChanges()
+    wanted = wanted_schedules()
     with transaction.atomic():
         existing = {
             s.name: s for s in Schedule.objects.select_for_update().filter(

@@ -60,7 +60,7 @@ $$;
 -- (its ``error``) and not the transaction: the outcome before it commits, and a later
 -- chunk's end or the reconciler tops the window up.
 CREATE OR REPLACE FUNCTION cleanup_top_up_open_v1(
-    of_policy text, window_size integer, latest integer)
+    of_policy text, window_size integer, latest integer, lock_ms integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     runs jsonb;
@@ -68,6 +68,10 @@ DECLARE
     halted boolean;
     locked jsonb;
 BEGIN
+    -- The top-up's lock waits are bounded as the transaction's are (``lock_ms``), not as
+    -- the chunk's statement's wait for learners' rows was, which is far shorter: two
+    -- chunks ending at once wait for each other's planning, and that is no failure.
+    PERFORM set_config('lock_timeout', lock_ms || 'ms', true);
     PERFORM pg_advisory_xact_lock(hashtextextended('cleanup:' || of_policy, 0));
     SELECT coalesce(jsonb_agg(run.id ORDER BY run.created_at, run.id), '[]'::jsonb) INTO runs
     FROM cleanup_run AS run

@@ -12,12 +12,14 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 from django.utils import timezone
+from django_q.models import Schedule
 
 from cleanup.display import utc_text
 from cleanup.engine.dispatch import dispatch_in_process
 from cleanup.observability import health
 from cleanup.policies import all_policies
-from cleanup.scheduling.schedules import ENGINE_SCHEDULES, install_schedules
+from cleanup.scheduling import schedules as schedules_module
+from cleanup.scheduling.schedules import ENGINE_SCHEDULES, install_schedules, wanted_schedules
 from tests.commands.test_cli_environment import shell
 from tests.conftest import ROOT, subprocess_env
 from tests.console.test_browser import free_port, stop_group
@@ -50,7 +52,8 @@ def test_status_before_any_run_says_how_to_start_one_and_exits_0():
 @pytest.mark.django_db
 def test_ready_names_what_is_missing_then_says_ready_once_nothing_is():
     scheduled = sum(policy.schedule is not None for policy in all_policies())
-    schedules = scheduled + len(ENGINE_SCHEDULES)
+    schedules = len(wanted_schedules())  # the host's own tasks' too
+    assert schedules >= scheduled + len(ENGINE_SCHEDULES)
     assert ready_line() == (
         f"Not ready: {schedules} of {schedules} schedules missing (run manage.py "
         f"cleanup_schedule); {NO_CLUSTER}. Until then the console shows {scheduled} "
@@ -66,6 +69,20 @@ def test_ready_names_what_is_missing_then_says_ready_once_nothing_is():
         "ready": True, "schedules_missing": [], "cluster_taking_work": True,
         "summary": f"Ready: {schedules} schedules installed and a cluster takes work "
                    "(/health answers 200)."}
+
+
+@pytest.mark.django_db
+def test_readiness_counts_the_hosts_own_task_schedules(monkeypatch):
+    """A host's task (register_task) is installed by cleanup_schedule with the others:
+    readiness waits for it too."""
+    monkeypatch.setitem(schedules_module._tasks, "host-report",
+                        ("tests.engine_app.tasks.report", "*/5 * * * *"))
+    install_schedules()
+    health.beat()
+    assert ready_line().startswith("Ready: ")
+    Schedule.objects.filter(name="cleanup:host-report").delete()
+
+    assert json.loads(ready_line(json=True))["schedules_missing"] == ["cleanup:host-report"]
 
 
 @pytest.mark.django_db

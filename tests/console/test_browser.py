@@ -295,7 +295,7 @@ def test_the_overview_keeps_a_schedules_brackets_with_their_text(browser_page, l
     lone = {width: page.evaluate(LONE_CLOSING_BRACKETS, width) for width in (90, 120, 176)}
     page.screenshot(path=str(ARTIFACTS / "overview-schedules-1366.png"), full_page=True)
 
-    assert "On time (" in page.inner_text("#overview")
+    assert "On time: " in page.inner_text("#overview")
     assert lone == {90: [], 120: [], 176: []}
 
 

@@ -40,6 +40,18 @@ def test_a_healthy_install_says_all_clear(admin_client, healthy):
     assert "cleanup/overview.js" in page
 
 
+def test_a_schedule_not_installed_is_never_all_clear(admin_client, expire_leases_scheduled):
+    """A cluster beats but cleanup_schedule never ran: the banner says which policy is
+    not on its schedule, not "All clear" (issue 47, item 5)."""
+    health.beat()
+    page = admin_client.get(OVERVIEW).content.decode()
+
+    assert ("Schedule not installed", "expire-leases") in banner(admin_client)
+    assert "All clear" not in page
+    install_schedules()
+    assert banner(admin_client) == []
+
+
 def test_a_month_old_backlog_is_flagged_in_the_banner_and_the_table(admin_client, healthy):
     lease = LeaseFactory(expired=True)
     Lease.objects.filter(pk=lease.pk).update(expires_at=timezone.now() - timedelta(days=31))

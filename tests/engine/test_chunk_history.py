@@ -243,3 +243,22 @@ def test_chunks_retrying_with_no_recorded_delivery_still_say_why(settings, chunk
         waits.why_it_waits(run)
     page = admin_client.get(reverse("admin:cleanup_run_change", args=[run.pk]))
     assert page.status_code == 200
+
+
+def test_a_paused_run_is_not_said_to_be_planning_its_next_chunks(expired_leases,
+                                                                  chunk_size, settings):
+    """cleanup_status lists the pause itself (halted=False): the run waits on it, and
+    is not "planning its next chunks" beside it."""
+    settings.CLEANUP_WINDOW = 2
+    chunk_size("expire-leases", 1)
+    run = dispatch("expire-leases", scheme="range").run
+    operations.pause_policy("expire-leases", "maintenance", actor="alice")
+    for chunk in run.chunks.all():
+        apply_chunk(chunk.message)  # their ends plan nothing: paused
+    run.refresh_from_db()
+    assert run.state == Run.State.RUNNING and not run.planned_all
+    assert not run.chunks.filter(state__in=Chunk.UNFINISHED).exists()
+
+    assert waits.why_it_waits(run, halted=False) == []
+    (halted,) = waits.why_it_waits(run)
+    assert halted.startswith("halted: paused ") and "by alice: maintenance" in halted

@@ -4,13 +4,17 @@ found too few rows, so a stretch where nothing is eligible is crossed in one pro
 
 from __future__ import annotations
 
+import threading
+
+import psycopg
 import pytest
 from django.utils import timezone
 
 from cleanup.engine import sizing
 from cleanup.engine.dispatch import dispatch
+from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk
-from tests.conftest import chunks_of
+from tests.conftest import chunks_of, database_url
 from tests.engine.test_window import drain
 from tests.engine_app.factories import LeaseFactory
 from tests.engine_app.models import Lease
@@ -117,3 +121,29 @@ def test_a_chunks_page_says_its_planned_rows_were_estimated(admin_client, accoun
     counted = Chunk.objects.filter(run=run, rows_estimated=False).first()
     page = admin_client.get(f"/admin/cleanup/chunk/{counted.pk}/change/")
     assert "(estimated)" not in page.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_chunks_top_up_waits_for_the_planning_lock_as_the_transaction_does(
+        account, chunk_size, settings):
+    """The chunk's statement waits for learners' rows 50 ms at most; its top-up waits for
+    another chunk's planning as long as the transaction's lock bound allows: two chunks
+    ending at once are no failure, and the window is topped up (issue 47, item 6)."""
+    settings.CLEANUP_ROW_LOCK_WAIT_MS = 50
+    settings.CLEANUP_WINDOW = 1
+    chunk_size(POLICY, 1)
+    leases(account, 3, expired=True)
+    run = dispatch(POLICY, scheme="range").run
+    (first,) = chunks_of(run)
+
+    with psycopg.connect(database_url()) as other:
+        other.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                      [f"cleanup:{POLICY}"])  # another chunk's end, planning
+        released = threading.Timer(0.3, other.commit)
+        released.start()
+        try:
+            apply_chunk(first.message)
+        finally:
+            released.join()
+
+    assert len(chunks_of(run)) == 2  # the next one planned, after the wait

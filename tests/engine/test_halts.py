@@ -175,3 +175,15 @@ def test_the_halts_of_a_policy_no_longer_registered_can_be_ended(backlog):
     assert "Resumed ghost-policy" in out.getvalue()
     with pytest.raises(CommandError, match="unknown policy 'ghost-policy'"):
         call_command("cleanup_resume", "--policy", "ghost-policy", stdout=StringIO())
+
+
+def test_a_pause_in_its_first_second_reads_just_now_not_zero_seconds():
+    began = timezone.now()
+    halt = Halt(policy="expire-leases", reason=Halt.PAUSED, detail="maintenance",
+                actor="alice", began_at=began)
+
+    assert halts.describe(halt, now=began) == "paused just now by alice: maintenance"
+    assert halts.describe(halt, now=began + timedelta(seconds=0.9)).startswith(
+        "paused just now")
+    assert halts.describe(halt, now=began + timedelta(seconds=4)) == (
+        "paused 4.0 s by alice: maintenance")

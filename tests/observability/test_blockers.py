@@ -20,6 +20,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
+from cleanup.engine import operations
 from cleanup.engine.dispatch import dispatch
 from cleanup.engine.worker import apply_chunk
 from cleanup.models import Chunk
@@ -298,3 +299,18 @@ def test_an_operator_follows_stalled_work_to_who_blocks_a_stuck_chunk_at_laptop_
     assert float(re.search(r"\t(\d+\.\d) s\n", shown)[1]) >= 1.2, shown
     assert chunk_fits["page"] <= chunk_fits["window"], chunk_fits
     assert policy_fits["page"] <= policy_fits["window"], policy_fits
+
+
+@pytest.mark.django_db
+def test_the_blockers_page_of_a_paused_policy_says_the_pause_first(admin_client):
+    page = admin_client.get("/admin/cleanup/cleanupoverview/blockers/expire-leases/")
+    assert "Nothing blocks" in page.content.decode()
+
+    operations.pause_policy("expire-leases", "nightly maintenance", actor="alice")
+    text = re.sub(r"<[^>]+>", "", admin_client.get(
+        "/admin/cleanup/cleanupoverview/blockers/expire-leases/").content.decode())
+
+    assert "expire-leases plans nothing new while it is paused just now by alice: " \
+           "nightly maintenance" in text
+    assert "Nothing blocks" not in text
+    assert "Besides that, no lock blocks it" in text

@@ -2,8 +2,7 @@ from django_q.models import Schedule
 
 from cleanup.management.base import CleanupCommand, count
 from cleanup.observability import health
-from cleanup.policies import all_policies
-from cleanup.scheduling.schedules import ENGINE_SCHEDULES, NAME_PREFIX
+from cleanup.scheduling.schedules import DISPATCH_TASK, wanted_schedules
 
 
 class Command(CleanupCommand):
@@ -12,9 +11,11 @@ class Command(CleanupCommand):
             "either way.")
 
     def run(self, **options) -> dict:
-        scheduled = [f"{NAME_PREFIX}{policy.name}" for policy in all_policies()
-                     if policy.schedule is not None]
-        wanted = scheduled + [f"{NAME_PREFIX}{name}" for name in ENGINE_SCHEDULES]
+        # Every schedule cleanup_schedule installs: the policies', the engine's and the
+        # host's own tasks'.
+        specs = wanted_schedules()
+        wanted = list(specs)
+        scheduled = [name for name, spec in specs.items() if spec["func"] == DISPATCH_TASK]
         installed = set(Schedule.objects.filter(name__in=wanted).values_list("name", flat=True))
         missing = [name for name in wanted if name not in installed]
         taking_work, _ = health.report()
