@@ -1,7 +1,6 @@
 # The ledger's transitions as the database's own functions: a chunk's delivery
-# (cleanup/sql/delivery_v1.sql), the window (cleanup/sql/window_v1.sql) and the others
-# (cleanup/sql/ledger_v1.sql); and a chunk's planned rows marked where they were
-# estimated rather than counted.
+# (cleanup/sql/delivery_v1.sql) and the window (cleanup/sql/window_v1.sql); and a
+# chunk's planned rows marked where they were estimated rather than counted.
 
 from pathlib import Path
 
@@ -10,7 +9,6 @@ from django.db import migrations, models
 SQL = Path(__file__).resolve().parent.parent / "sql"
 DELIVERY_V1 = (SQL / "delivery_v1.sql").read_text()
 WINDOW_V1 = (SQL / "window_v1.sql").read_text()
-LEDGER_V1 = (SQL / "ledger_v1.sql").read_text()
 
 DROP_DELIVERY_V1 = """
 DROP FUNCTION IF EXISTS
@@ -31,23 +29,10 @@ DROP_WINDOW_V1 = """
 DROP FUNCTION IF EXISTS
     cleanup_run_latest_v1(uuid, integer),
     cleanup_run_lock_v1(uuid, integer),
+    cleanup_top_up_open_v1(text, integer, integer),
     cleanup_top_up_open_v1(text, integer, integer, integer),
     cleanup_run_settle_v1(uuid, timestamptz),
     cleanup_run_planned_v1(uuid, jsonb, jsonb, jsonb, timestamptz);
-"""
-
-DROP_LEDGER_V1 = """
-DROP FUNCTION IF EXISTS
-    cleanup_run_created_v1(jsonb),
-    cleanup_run_eligible_v1(uuid, bigint),
-    cleanup_run_planning_failed_v1(uuid, text),
-    cleanup_runs_sent_v1(jsonb),
-    cleanup_chunks_enqueued_v1(bigint[], timestamptz),
-    cleanup_chunks_reconciled_v1(bigint[], timestamptz),
-    cleanup_chunk_acknowledged_v1(uuid, integer, timestamptz),
-    cleanup_chunks_requeued_v1(bigint[], timestamptz),
-    cleanup_chunks_discarded_v1(bigint[], text, timestamptz),
-    cleanup_runs_cancelled_v1(uuid[], timestamptz);
 """
 
 
@@ -63,12 +48,6 @@ class Migration(migrations.Migration):
             name='rows_estimated',
             field=models.BooleanField(db_default=False, default=False, help_text="Its planned rows were estimated from the run's density, not counted."),
         ),
-        migrations.AlterField(
-            model_name='chunk',
-            name='chunk_id',
-            field=models.PositiveIntegerField(help_text='The chunk\'s number within its run, in the order it was planned.'),
-        ),
         migrations.RunSQL(DELIVERY_V1, DROP_DELIVERY_V1),
         migrations.RunSQL(WINDOW_V1, DROP_WINDOW_V1),
-        migrations.RunSQL(LEDGER_V1, DROP_LEDGER_V1),
     ]
