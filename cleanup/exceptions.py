@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import traceback
 from dataclasses import dataclass
 
@@ -63,6 +64,20 @@ def summary_of(exc: BaseException) -> str:
 def traceback_of(exc: BaseException) -> str:
     """An exception with its traceback, as a chunk keeps its last error."""
     return "".join(traceback.format_exception(exc)).strip()
+
+
+# What makes one failure's text differ from the next one's alike: a value quoted in it,
+# a UUID, a number (a row's id, a pid, a byte count).
+_VALUES = re.compile(r"""'[^']*'|"[^"]*"|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}"""
+                     r"""-[0-9a-f]{12}\b|\b\d[\d.,:]*\b""", re.IGNORECASE)
+
+
+def cause_key(error: str) -> str:
+    """The cause failures alike are grouped by (``cause_of``, its quoted values, UUIDs and
+    numbers each one "…"): a trigger whose message names the row it refused is one cause
+    for every row, and an alert's label takes few values. The whole message is kept
+    beside it (a chunk's last error)."""
+    return _VALUES.sub("…", cause_of(error))
 
 
 def cause_of(error: str) -> str:

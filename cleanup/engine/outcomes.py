@@ -20,6 +20,7 @@ from django.db import transaction
 
 from cleanup.conf import conf
 from cleanup.engine import halts, sizing, transitions, window
+from cleanup.exceptions import cause_of
 from cleanup.models import Chunk, Run
 from cleanup.policies import Policy, find_policy
 
@@ -60,7 +61,7 @@ def dead_lettered(chunk: Chunk, reason: str, failure_class: str, *, received: st
             **transitions.chunk_fields(chunk),
             outcome="dead_lettered",
             failure_class=failure_class,
-            reason=reason.splitlines()[0] if reason else "",
+            reason=cause_of(reason),  # the error, not "Traceback (most recent call last):"
         )
     return dead
 

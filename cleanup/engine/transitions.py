@@ -37,7 +37,7 @@ from django.db import connection
 from django.db.models import JSONField
 from django.utils import timezone
 
-from cleanup.exceptions import cause_of
+from cleanup.exceptions import cause_key
 from cleanup.models import Chunk, Run
 
 log = structlog.get_logger("cleanup.ledger")
@@ -230,7 +230,7 @@ def to_acknowledged(run_id, chunk_id: int) -> bool:
 
 def to_retrying(chunk: Chunk, *, error: str, retries: int, delivery: int | None = None) -> bool:
     """unfinished → retrying: the delivery failed transiently and is left for redelivery."""
-    return _call(_RETRYING, chunk.pk, delivery, error, cause_of(error),
+    return _call(_RETRYING, chunk.pk, delivery, error, cause_key(error),
                  retries, timezone.now())
 
 
@@ -246,7 +246,7 @@ def to_dead_lettered(chunk: Chunk, reason: str, failure_class: str, *,
     retried, never dead-lettered.)
     """
     return _call(_DEAD_LETTERED, chunk.pk, delivery, reason,
-                 cause_of(reason), str(failure_class), received, timezone.now())
+                 cause_key(reason), str(failure_class), received, timezone.now())
 
 
 def dead_to_enqueued(pks: Iterable[int]) -> list[Chunk]:

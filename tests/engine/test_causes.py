@@ -14,7 +14,7 @@ from django.db import OperationalError
 from django.urls import reverse
 
 from cleanup import faults
-from cleanup.engine import operations
+from cleanup.engine import operations, outcomes
 from cleanup.engine.dispatch import dispatch
 from cleanup.engine.worker import Outcome, apply_chunk
 from cleanup.models import Chunk
@@ -76,3 +76,34 @@ def test_a_cause_shows_as_past_once_the_chunk_committed_after_all(never_clears, 
     page = admin_client.get(reverse("admin:cleanup_chunk_changelist"),
                             {"run__id__exact": str(chunk.run_id)})
     assert "earlier: OperationalError" in page.content.decode()
+
+
+def test_failures_alike_are_one_cause_whatever_row_or_value_their_message_names(
+        expired_leases, chunk_size, caplog):
+    """A trigger that names the row it refuses gives every chunk its own message; they
+    are one cause (its numbers, UUIDs and quoted values taken out), each chunk keeping
+    its whole message (issue 47, item 3). The worker's log line names the error."""
+    chunk_size("expire-leases", 1)
+    run = dispatch("expire-leases").run
+    chunks = list(run.chunks.order_by("chunk_id"))[:3]
+    for chunk, (pk, key) in zip(chunks, [(546401, "a"), (546402, "b"), (7, "c")],
+                                strict=True):
+        error = (f"Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                 f"psycopg.errors.RaiseException: archive_guard: hold {pk} ('{key}') "
+                 "is still referenced by 4a5b7c1e-1234-4cde-8f00-000000000001")
+        with caplog.at_level("WARNING", logger="cleanup.ledger"):
+            outcomes.dead_lettered(chunk, error, Chunk.FailureClass.ERROR)
+
+    dead = list(Chunk.objects.filter(pk__in=[c.pk for c in chunks]).order_by("chunk_id"))
+    assert {chunk.cause for chunk in dead} == {
+        "RaiseException: archive_guard: hold … (…) is still referenced by …"}
+    assert "hold 546402 ('b')" in dead[1].last_error
+    logged = [r.msg for r in caplog.records if isinstance(r.msg, dict)
+              and r.msg.get("event") == "chunk dead-lettered"]
+    assert [line["reason"] for line in logged] == [
+        "RaiseException: archive_guard: hold 546401 ('a') is still referenced by "
+        "4a5b7c1e-1234-4cde-8f00-000000000001",
+        "RaiseException: archive_guard: hold 546402 ('b') is still referenced by "
+        "4a5b7c1e-1234-4cde-8f00-000000000001",
+        "RaiseException: archive_guard: hold 7 ('c') is still referenced by "
+        "4a5b7c1e-1234-4cde-8f00-000000000001"]
