@@ -42,7 +42,6 @@ from cleanup.models import Chunk, Run
 
 log = structlog.get_logger("cleanup.ledger")
 
-UNFINISHED = Chunk.UNFINISHED
 # A chunk keeps the history of its last deliveries only: one requeued again and again
 # (or a message duplicated a thousand times) must not grow its row without end.
 HISTORY_KEPT = 50
