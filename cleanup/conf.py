@@ -73,7 +73,7 @@ class Settings:
 
     @property
     def FAILING_CHUNKS(self) -> int:
-        """How many of a run's last chunks are weighed: once more than half of them were
+        """How many of a policy's last chunks (across its runs) are weighed: once more than half of them were
         dead-lettered, the policy halts itself (reason ``failing``) until resumed."""
         return self._read("FAILING_CHUNKS", 20)
 

@@ -18,12 +18,15 @@ pressure's halts and the failing policy's here, the operator's pause and resume
 A failing policy: a chunk that fails for good is dead-lettered and the run goes on, so
 one bad row never stops the work. But a predicate the database rejects, or a table
 locked for an hour, fails every chunk alike: the run would dead-letter chunk after chunk
-to the end of its backlog. So each dead letter weighs the run's last
-``CLEANUP_FAILING_CHUNKS`` ended chunks (committed or dead-lettered); once more than half
-of them were dead-lettered, the policy is halted with reason ``failing`` and the
-failures' most common cause. The run stays running where it stopped; the chunks in
-flight finish. Only an operator's resume ends the halt, and the chunks ended before it
-are not weighed again, so the run goes on from there and halts again only if it fails
+to the end of its backlog. So each dead letter weighs the policy's last
+``CLEANUP_FAILING_CHUNKS`` ended chunks (committed or dead-lettered), across its runs:
+minutely runs of a chunk or two fail alike too. Once more than half of them were
+dead-lettered, the policy is halted with reason ``failing`` and the failures' most
+common cause. Nothing new is planned; the chunks in flight finish. A run with chunks
+left to plan stays running where it stopped; a run whose chunks were all planned ends
+as they end (``completed_with_dead_letters``), its dead letters waiting for a requeue
+or a discard. Only an operator's resume ends the halt, and the chunks ended before it
+are not weighed again, so the work goes on from there and halts again only if it fails
 again.
 """
 
@@ -87,8 +90,9 @@ def record_pressure(policy_name: str, signal: Signal) -> list[Halt]:
 
 def weigh_failing(run_id) -> Halt | None:
     """After one of the run's chunks was dead-lettered, in the same transaction: halt
-    the run's policy if more than half of the run's last chunks were; return the halt
-    opened (None: it goes on, or it was halted for failing already)."""
+    the run's policy if more than half of the policy's last chunks were, whichever of
+    its runs they belong to; return the halt opened (None: it goes on, or it was halted
+    for failing already)."""
     # The run's policy, whether it is halted for failing now, and when it was last
     # resumed from that: one statement (a dead letter's transaction stays short).
     failing = Halt.objects.filter(policy=OuterRef("policy"), reason=Halt.FAILING)
@@ -100,7 +104,10 @@ def weigh_failing(run_id) -> Halt | None:
     if run["halted"]:
         return None
     policy, resumed, weighed = run["policy"], run["resumed"], conf.FAILING_CHUNKS
-    chunks = Chunk.objects.filter(run_id=run_id, state__in=ENDED)
+    # A run has a chunk at least, so the policy's last chunks are among its last
+    # ``weighed`` runs: the read stays bounded however long the policy has run.
+    runs = Run.objects.filter(policy=policy).order_by("-created_at").values("pk")[:weighed]
+    chunks = Chunk.objects.filter(run__in=runs, state__in=ENDED)
     last = list(chunks.alias(ended_at=Coalesce("dead_lettered_at", "committed_at"))
                 .filter(**({"ended_at__gt": resumed} if resumed else {}))
                 .order_by("-ended_at").values_list("state", "cause")[:weighed])
@@ -108,14 +115,14 @@ def weigh_failing(run_id) -> Halt | None:
     if len(causes) * 2 <= weighed:
         return None
     cause, alike = Counter(causes).most_common(1)[0]
-    detail = (f"run {run_id}: {len(causes)} of its last {len(last)} chunks were "
+    detail = (f"{len(causes)} of the policy's last {len(last)} chunks were "
               f"dead-lettered, {alike} of them for: {cause or 'no cause recorded'}")
     halt = begin(policy, Halt.FAILING, detail=detail, cause=cause, value=len(causes),
                  limit=weighed / 2, actor="engine")
     if halt is None:
         return None  # a chunk of another of its runs halted it a moment ago
     failing_log.error("policy failing: halted until resumed", policy=policy, run_id=str(run_id),
-              dead_lettered=len(causes), weighed=len(last), cause=cause)
+                      dead_lettered=len(causes), weighed=len(last), cause=cause)
     return halt
 
 

@@ -34,7 +34,7 @@ class Halt(models.Model):
     finish meanwhile, and runs stay running."""
 
     PAUSED = "paused"
-    # Most of a run's last chunks were dead-lettered (cleanup.engine.halts).
+    # Most of a policy's last chunks were dead-lettered (cleanup.engine.halts).
     FAILING = "failing"
     # The halts only an operator ends (a resume); the pressure's end by themselves.
     ENDED_BY_OPERATOR = (PAUSED, FAILING)

@@ -97,7 +97,7 @@ class LedgerCollector:
                                       labels=["policy", "reason"])
         failing = GaugeMetricFamily(
             "cleanup_policy_failing",
-            "Dead letters among a run's last CLEANUP_FAILING_CHUNKS chunks, while they halt "
+            "Dead letters among a policy's last CLEANUP_FAILING_CHUNKS chunks, while they halt "
             "its policy (reason failing) until an operator resumes it; cause: the most "
             "common.", labels=["policy", "cause"])
         spent = {}

@@ -64,8 +64,8 @@ def test_a_run_whose_chunks_mostly_fail_halts_its_policy_with_their_cause(
     assert (halt.reason, halt.actor, dead, run.chunks_planned) == ("failing", "engine", 7, 7)
     assert run.state == Run.State.RUNNING and not run.planned_all
     assert halt.cause == "ProgrammingError: lease deletes are refused"
-    assert halt.detail == (f"run {run.pk}: 6 of its last 6 chunks were dead-lettered, 6 of "
-                           "them for: ProgrammingError: lease deletes are refused")
+    assert halt.detail == ("6 of the policy's last 6 chunks were dead-lettered, 6 of them "
+                           "for: ProgrammingError: lease deletes are refused")
     assert Lease.objects.count() == 40
     samples = scrape(client)
     assert samples["cleanup_policy_failing", frozenset(
@@ -93,6 +93,27 @@ def test_a_resume_after_the_fix_goes_on_from_where_the_run_stopped(backlog, dele
     assert not Halt.objects.filter(ended_at__isnull=True).exists()
     assert Halt.objects.get().ended_by.startswith("command")  # and the OS user
     assert sum(Chunk.objects.filter(run=run).values_list("rows_deleted", flat=True)) == 40
+
+
+def test_short_runs_that_all_fail_halt_their_policy_together(
+        account, settings, chunk_size, deletes_refused):
+    """Minutely runs of one chunk each, every one dead-lettered: the policy's last
+    chunks are weighed across its runs, so the sixth of ten halts it. Each run, all its
+    chunks planned, ends with its dead letter."""
+    settings.CLEANUP_FAILING_CHUNKS = 10
+    chunk_size(POLICY, 1)
+    LeaseFactory(account=account, expired=True)  # refused, so each run tries it again
+    runs = []
+    while not Halt.objects.filter(policy=POLICY, ended_at__isnull=True).exists():
+        assert len(runs) < 10, "ten runs all dead-lettered and the policy still works"
+        runs.append(dispatch(POLICY).run)
+        drain()
+    halt = Halt.objects.get(policy=POLICY)
+    assert (len(runs), halt.reason, halt.value) == (6, "failing", 6)
+    assert halt.detail == ("6 of the policy's last 6 chunks were dead-lettered, 6 of them "
+                           "for: ProgrammingError: lease deletes are refused")
+    assert {Run.objects.get(pk=run.pk).state for run in runs} == {
+        Run.State.COMPLETED_WITH_DEAD_LETTERS}
 
 
 def test_the_failures_before_a_resume_are_not_weighed_again(backlog, deletes_refused):

@@ -509,9 +509,12 @@ def test_a_killed_sync_dispatch_is_finished_by_the_cluster_once_its_claim_lapses
     assert run.state == Run.State.RUNNING
     assert 5 <= run.chunks.filter(state__in=Chunk.DONE).count() < 100
     # Every message of the run is in the queue, each taken by the dead process: no
-    # worker gets one before its claim lapses.
+    # worker gets one before its claim lapses. The kill may fall between a chunk's
+    # commit and its message's acknowledgement, so at most one message more than the
+    # unfinished chunks stays behind; redelivered, it finds its chunk done.
     held = list(OrmQ.objects.values_list("lock", flat=True))
-    assert len(held) == len(unfinished(run)) >= 1 and min(held) > killed
+    assert 1 <= len(unfinished(run)) <= len(held) <= len(unfinished(run)) + 1
+    assert min(held) > killed
     lapses = min(held)
     # Taken as the process planned them, the last a window of chunks before it died.
     assert lapses - killed >= timedelta(seconds=CLAIM_SECONDS - 1)

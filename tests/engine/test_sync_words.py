@@ -26,7 +26,7 @@ def dispatch_json(*args: str) -> dict:
 
 @pytest.mark.django_db
 def test_a_dispatch_while_failing_says_it_waits_for_a_resume(expired_leases):
-    halts.begin("expire-leases", Halt.FAILING, detail="run x: 3 of its last 4 chunks were "
+    halts.begin("expire-leases", Halt.FAILING, detail="3 of the policy's last 4 chunks were "
                 "dead-lettered", actor="engine")
 
     summary = dispatch("expire-leases").fields()["summary"]
