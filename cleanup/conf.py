@@ -73,8 +73,9 @@ class Settings:
 
     @property
     def FAILING_CHUNKS(self) -> int:
-        """How many of a policy's last chunks (across its runs) are weighed: once more than half of them were
-        dead-lettered, the policy halts itself (reason ``failing``) until resumed."""
+        """How many of a policy's last chunks (across its runs) are weighed: once more
+        than half of them were dead-lettered, the policy halts itself (reason
+        ``failing``) until resumed."""
         return self._read("FAILING_CHUNKS", 20)
 
     @property

@@ -32,6 +32,12 @@ class KeyReused(CleanupError):
     """A dispatch key already names a run of another request."""
 
 
+class UnknownTask(CleanupError):
+    def __init__(self, name: str, known: list[str]):
+        super().__init__(f"no host task {name!r} is registered (known: "
+                         f"{', '.join(known) or 'none'})")
+
+
 class UnknownRun(CleanupError):
     def __init__(self, run_id: object):
         super().__init__(f"no run with id {run_id}")

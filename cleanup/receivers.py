@@ -1,5 +1,6 @@
 """django-q2 signals: the broker's acknowledgement of a chunk, a worker's heartbeat as
-it takes a task, and the scheduler's firing of a slot."""
+it spawns and as it takes a task, a cluster's word that it stopped, and the scheduler's
+firing of a slot."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import datetime
 import structlog
 from django.db import DatabaseError, transaction
 from django.dispatch import receiver
-from django_q.signals import post_execute, pre_enqueue, pre_execute
+from django_q.signals import post_execute, post_spawn, pre_enqueue, pre_execute
 
 from cleanup.engine import messages, transitions
 from cleanup.engine.transport import CHUNK_TASK
@@ -26,6 +27,7 @@ def record_acknowledgement(sender, task, **kwargs) -> None:
     post_execute fires after the ack; a process dying in between leaves the chunk
     committed, which only reads as "awaiting acknowledgement".
     """
+    health.record_stop_at_exit()  # this is the cluster's monitor: it exits last
     if task.get("func") != CHUNK_TASK or not task.get("success") or not task.get("args"):
         return
     run_id, chunk_id = messages.identify(task["args"][0])
@@ -38,6 +40,17 @@ def record_acknowledgement(sender, task, **kwargs) -> None:
         # chunk stays committed, which reads as "awaiting acknowledgement".
         log.warning("acknowledgement not recorded", run_id=run_id, chunk_id=chunk_id,
                     error=str(exc))
+
+
+@receiver(post_spawn, dispatch_uid="cleanup.record_worker_spawned")
+def record_worker_spawned(sender, proc_name, **kwargs) -> None:
+    """Have a worker beat as it spawns: a cluster (re)started takes work at once, and
+    says so before its first task."""
+    try:
+        health.beat_now_and_then()
+    except DatabaseError as exc:
+        # In django-q2's worker, before its first task: an error here must not kill it.
+        log.warning("heartbeat not recorded", error=str(exc))
 
 
 @receiver(pre_execute, dispatch_uid="cleanup.record_cluster_beat")

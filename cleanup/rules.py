@@ -131,8 +131,9 @@ SETTING_RULES = (
          "PostgreSQL reads 0 as waiting for ever.",
          lambda value: whole(value) and 1 <= value <= PG_INT_MAX),
     Rule("FAILING_CHUNKS", "cleanup.E031", "a whole number of chunks from 2 to 10000",
-         "Set how many of a policy's last chunks (across its runs) are weighed to halt a failing policy: more "
-         "than half of them dead-lettered halts it until an operator resumes it.",
+         "Set how many of a policy's last chunks (across its runs) are weighed to halt a "
+         "failing policy: more than half of them dead-lettered halts it until an operator "
+         "resumes it.",
          lambda value: whole(value) and 2 <= value <= 10_000),
     *(
         Rule(name, id_, f"a whole number of milliseconds from 1 to {PG_INT_MAX}",

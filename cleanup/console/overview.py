@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from cleanup.console.base import LedgerAdmin
 from cleanup.console.forms import PauseForm
-from cleanup.engine import halts, operations
+from cleanup.engine import halts, operations, steps
 from cleanup.engine.transport import redelivery_window
 from cleanup.exceptions import CleanupError
 from cleanup.observability import blockers
@@ -61,7 +61,7 @@ class CleanupOverviewAdmin(LedgerAdmin):
             "policies": policies,
             "gone_policies": gone,
             "clusters": clusters,
-            "alerts": banner(policies, clusters, gone),
+            "alerts": banner(policies, clusters, gone, steps.blocked_now()),
             "now": now,
             "redelivery_window": redelivery_window(),
             "refresh_seconds": OVERVIEW_REFRESH_SECONDS,

@@ -32,6 +32,7 @@ from cleanup.engine.in_process import (
     Progress,
     apply_in_process,
 )
+from cleanup.engine.steps import step
 from cleanup.exceptions import BadKey, KeyReused
 from cleanup.expressions import count_of
 from cleanup.models import ROWS_CHANGED, Chunk, Halt, Run
@@ -211,12 +212,13 @@ def dispatch(
     run of the policy started that recently is returned instead of a new one (checked
     under the policy's planning lock, so concurrent requests cannot both miss it).
     """
-    request = _request(policy_name, scheme, cutoff, key, trigger, replay_of)
-    if existing := _run_of_key(request):
-        return _existing(existing, request)
-    result = _create(request, uuid.uuid4(), coalesce_within=coalesce_within)
-    # None: another dispatcher with the same key committed first.
-    return result or _existing(Run.objects.get(dispatch_key=request.key), request)
+    with step("dispatch", policy_name):  # no lock waited for past its bound
+        request = _request(policy_name, scheme, cutoff, key, trigger, replay_of)
+        if existing := _run_of_key(request):
+            return _existing(existing, request)
+        result = _create(request, uuid.uuid4(), coalesce_within=coalesce_within)
+        # None: another dispatcher with the same key committed first.
+        return result or _existing(Run.objects.get(dispatch_key=request.key), request)
 
 
 def dispatch_in_process(
@@ -301,12 +303,15 @@ def _run_of_key(request: Request) -> Run | None:
 def _dispatch_here(request: Request, progress: Progress | None) -> DispatchResult:
     """Dispatch, then apply the run's chunks in this process; for a key that names a
     run already, apply what is left of that one."""
-    run = _run_of_key(request)
+    with step("dispatch", request.policy.name):
+        run = _run_of_key(request)
     if run is None:
         run_id = uuid.uuid4()
         # Taken from before the run commits: its first window's messages are this process's.
         with transport.applying_here(run_id) as taken:
-            if (result := _create(request, run_id, coalesce_within=None)) is not None:
+            with step("dispatch", request.policy.name):
+                result = _create(request, run_id, coalesce_within=None)
+            if result is not None:
                 return _with_applied(result, apply_in_process(result.run, taken, progress))
         run = Run.objects.get(dispatch_key=request.key)  # another dispatch of the key was first
     result = _existing(run, request)  # refuses a request the key's run contradicts

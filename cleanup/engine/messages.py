@@ -54,6 +54,10 @@ class ChunkMessage:
         return "items" if self.items is not None else "range"
 
 
+# The largest chunk id the ledger's column holds (PostgreSQL's integer).
+MAX_CHUNK_ID = 2**31 - 1
+
+
 def header(run, chunk_id: int) -> dict:
     """Return what every message of a run's chunk starts with."""
     return {
@@ -108,8 +112,8 @@ def identify(raw: Any) -> tuple[str | None, int | None]:
         run_id = str(uuid.UUID(str(run_id)))
     except ValueError:
         run_id = None
-    if type(chunk_id) is not int:
-        chunk_id = None
+    if type(chunk_id) is not int or not 1 <= chunk_id <= MAX_CHUNK_ID:
+        chunk_id = None  # not one a chunk can have: its column is a positive integer
     return run_id, chunk_id
 
 
@@ -135,7 +139,7 @@ def parse(raw: Any) -> ChunkMessage:
     if run_id is None:
         raise bad("run_id is missing or not a UUID")
     if chunk_id is None:
-        raise bad("chunk_id is missing or not an integer")
+        raise bad(f"chunk_id is missing or not an integer from 1 to {MAX_CHUNK_ID}")
     policy = data.get("policy")
     if not isinstance(policy, str) or not policy:
         raise bad("policy is missing")

@@ -19,6 +19,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.utils import timezone
 
 from cleanup import faults
+from cleanup.bounds import is_lock_timeout
 from cleanup.conf import conf
 from cleanup.engine import (
     cpu_wait,
@@ -115,7 +116,7 @@ def apply_chunk(raw, *, here: bool = False) -> Outcome:
                               skip_locked=skip_locked)
         except Exception as exc:
             _reset_broken_connection()
-            if not skip_locked and wait_ran_out(exc):
+            if not skip_locked and is_lock_timeout(exc):
                 # Learners' rows another transaction keeps locked: the chunk goes again
                 # at once without them, and a later pass takes them.
                 skip_locked, retries = True, retries + 1
@@ -220,10 +221,6 @@ def _locked(doomed):
 # a later run. Skipping is the fallback, not the rule: locking each row first costs the
 # statement 2.2-2.5 times as much (docs/operations.md).
 
-# A lock wait that outlasted lock_timeout.
-LOCK_NOT_AVAILABLE = "55P03"
-
-
 def skipped(eligible):
     """The chunk's statement narrowed to the eligible rows no other transaction keeps
     locked, which it locks first (``FOR UPDATE SKIP LOCKED``): nothing waits for the
@@ -231,10 +228,6 @@ def skipped(eligible):
     between the lock and the DELETE survives."""
     unlocked = eligible.select_for_update(skip_locked=True).order_by().values("pk")
     return eligible.filter(pk__in=unlocked)
-
-
-def wait_ran_out(exc: BaseException) -> bool:
-    return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
 
 
 def _start_delivery(raw, message: ChunkMessage,

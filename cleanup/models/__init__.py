@@ -2,7 +2,13 @@
 processes (cleanup.models.coordination)."""
 
 from cleanup.expressions import MessageField  # migrations name it cleanup.models.MessageField
-from cleanup.models.coordination import Halt, Lease, WorkerHeartbeat
+from cleanup.models.coordination import (
+    BacklogReading,
+    BlockedStep,
+    Halt,
+    Lease,
+    WorkerHeartbeat,
+)
 from cleanup.models.ledger import (
     ROWS_CHANGED,
     Chunk,
@@ -17,7 +23,7 @@ from cleanup.models.ledger import (
 from cleanup.models.outbox import Event
 
 __all__ = [
-    "ROWS_CHANGED", "Chunk", "CleanupOverview", "Event", "Halt", "Lease", "MessageField",
-    "OrphanMessage", "Run", "ScheduleInstall", "Slot", "Total", "WorkerHeartbeat",
-    "rows_changed",
+    "ROWS_CHANGED", "BacklogReading", "BlockedStep", "Chunk", "CleanupOverview", "Event",
+    "Halt", "Lease", "MessageField", "OrphanMessage", "Run", "ScheduleInstall", "Slot",
+    "Total", "WorkerHeartbeat", "rows_changed",
 ]

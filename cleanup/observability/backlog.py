@@ -22,9 +22,14 @@ A figure that could not be read within the budget is never 0. While long
 transactions hold VACUUM back, even the count can run out of it at most scrapes (177
 of 180 in a quarter of an hour), and a 0 there said "no backlog" over 7,070 rows
 eligible for 30 days, resetting the backlog alert's ``for:`` at each scrape. So an
-inexact reading repeats this process's last exact one (``read_at`` says when it was
-taken), raised to whatever a lower bound read now says is more; with neither, there
-is no reading at all (``Backlog.measured`` is False), and /metrics exports no sample.
+inexact reading repeats the last exact one (``read_at`` says when it was taken),
+raised to whatever a lower bound read now says is more; with neither, there is no
+reading at all (``Backlog.measured`` is False), and /metrics exports no sample.
+
+The last exact reading is kept in the database (``BacklogReading``), the newest one
+whichever process took it: a web server's second worker once repeated its own reading
+of 10,000 rows, ten minutes old, after the first had read 0, and paged for a backlog
+already gone. One statement writes it (``_keep``), and only the inexact path reads it.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from django.utils import timezone
 from psycopg.errors import QueryCanceled
 
 from cleanup.expressions import Clamped
-from cleanup.models import Chunk, Run
+from cleanup.models import BacklogReading, Chunk, Run
 from cleanup.policies import Policy
 
 T = TypeVar("T")
@@ -87,10 +92,6 @@ class Backlog:
         """Whether the figures say anything: not for a read that ran out of budget
         before it counted a row, with no exact reading before it to repeat."""
         return self.exact or self.read_at is not None or self.rows > 0
-
-
-# Each key's last exact reading in this process: what a reading past the budget repeats.
-_last_exact: dict[str, Backlog] = {}
 
 
 class Budget:
@@ -137,22 +138,20 @@ def read_backlog(rows: QuerySet, field: str, budget: Budget, *,
     """
     cap = COUNT_CAP if cap is None else cap
     rows = rows.order_by()
-    last = _last_exact.get(key) if key is not None else None
     counted = budget.read(lambda: _count(rows, field, cap))
     if counted is None:
-        return at_least(Backlog(0, None, exact=False), last)
+        return at_least(Backlog(0, None, exact=False), kept(key, budget))
     if counted.rows < cap:
-        return _remember(counted, key)
-    inexact = at_least(Backlog(counted.rows, counted.oldest_observed, exact=False), last)
+        return remember(counted, key, budget)
     slow = (key, budget.budget_ms)
-    if key is not None and time.monotonic() - _over_budget.get(slow, -inf) < RETRY_AFTER_SECONDS:
-        return inexact
-    oldest = budget.read(lambda: _oldest(rows, field))
-    if oldest is None:
+    if key is None or time.monotonic() - _over_budget.get(slow, -inf) >= RETRY_AFTER_SECONDS:
+        oldest = budget.read(lambda: _oldest(rows, field))
+        if oldest is not None:
+            return remember(Backlog(counted.rows, oldest), key, budget)
         if key is not None:
             _over_budget[slow] = time.monotonic()
-        return inexact
-    return _remember(Backlog(counted.rows, oldest), key)
+    return at_least(Backlog(counted.rows, counted.oldest_observed, exact=False),
+                    kept(key, budget))
 
 
 def at_least(reading: Backlog, bound: Backlog | None) -> Backlog:
@@ -165,11 +164,40 @@ def at_least(reading: Backlog, bound: Backlog | None) -> Backlog:
                    read_at=reading.read_at or bound.read_at)
 
 
-def _remember(reading: Backlog, key: str | None) -> Backlog:
+def remember(reading: Backlog, key: str | None, budget: Budget) -> Backlog:
+    """The exact ``reading``, stamped now and kept under ``key`` for every process."""
     reading = replace(reading, read_at=timezone.now())
     if key is not None:
-        _last_exact[key] = reading
+        budget.read(lambda: _keep(key, reading))  # not kept past the budget: no matter
     return reading
+
+
+_KEEP = f"""
+    INSERT INTO "{BacklogReading._meta.db_table}" AS kept (key, rows, oldest_observed, read_at)
+    VALUES (%s, %s, %s, %s)
+    ON CONFLICT (key) DO UPDATE
+    SET rows = EXCLUDED.rows, oldest_observed = EXCLUDED.oldest_observed,
+        read_at = EXCLUDED.read_at
+    WHERE kept.read_at < EXCLUDED.read_at
+"""
+
+
+def _keep(key: str, reading: Backlog) -> None:
+    """Keep ``reading`` under ``key`` unless a newer one is kept already (a process
+    whose reading lands late never puts an older one back)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_KEEP, [key, reading.rows, reading.oldest_observed, reading.read_at])
+
+
+def kept(key: str | None, budget: Budget) -> Backlog | None:
+    """The newest exact reading kept under ``key``, by any process; None when there is
+    none, or it could not be read within the budget."""
+    if key is None:
+        return None
+    kept = budget.read(lambda: BacklogReading.objects.filter(key=key).first())
+    if kept is None:
+        return None
+    return Backlog(kept.rows, kept.oldest_observed, exact=False, read_at=kept.read_at)
 
 
 def backlogs(policies: list[Policy], now: datetime,

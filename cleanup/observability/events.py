@@ -19,7 +19,7 @@ from django.db.models import Count, Min
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from cleanup.models import Event
-from cleanup.observability.backlog import Budget
+from cleanup.observability.backlog import Backlog, Budget, kept, remember
 
 # Per name, the totals delivered and discarded, and the dead events (through the
 # partial index event_dead): a few rows however many events are kept. A total edited
@@ -37,10 +37,11 @@ ORDER BY 1, 2
 """
 
 
-# The last oldest pending event this process read: when a reading runs out of its budget
-# the age goes on from it, so a stuck outbox keeps its alert (an age read as nothing
-# would silence it on the very day the table is locked).
-_last_oldest: dict[str, datetime | None] = {}
+# The last exact reading of the oldest pending event, kept in the database for every
+# process (cleanup.observability.backlog): when a reading runs out of its budget the age
+# goes on from it, so a stuck outbox keeps its alert (an age read as nothing would
+# silence it on the very day the table is locked).
+KEY = "events:pending"
 
 
 def event_families(now: datetime):
@@ -54,8 +55,8 @@ def event_families(now: datetime):
     oldest = GaugeMetricFamily(
         "cleanup_events_oldest_pending_age_seconds",
         "Seconds the oldest event not yet delivered (nor dead) has waited since it was "
-        "written; 0 when none waits. Past the budget, aged from this process's last "
-        "reading; no sample if there is none.")
+        "written; 0 when none waits. Past the budget, aged from the last reading any "
+        "process took; no sample if there is none.")
     measured = GaugeMetricFamily(
         "cleanup_events_measured",
         "1 when the outbox's figures were read now; 0 when reading them ran out of the "
@@ -65,10 +66,11 @@ def event_families(now: datetime):
     if rows is not None:
         for name, events, _ in rows:
             pending.add_metric([name], events)
-        since = _last_oldest["since"] = min((since for _, _, since in rows), default=None)
+        since = min((since for _, _, since in rows), default=None)
+        remember(Backlog(sum(events for _, events, _ in rows), since), KEY, budget)
         oldest.add_metric([], max((now - since).total_seconds(), 0.0) if since else 0.0)
-    elif _last_oldest.get("since") is not None:  # unknown, but at least this old
-        oldest.add_metric([], max((now - _last_oldest["since"]).total_seconds(), 0.0))
+    elif (last := kept(KEY, budget)) and last.oldest_observed:  # at least this old
+        oldest.add_metric([], max((now - last.oldest_observed).total_seconds(), 0.0))
     settled = budget.read(_settled) if rows is not None else None
     measured.add_metric([], 1 if settled is not None else 0)
     yield pending

@@ -26,7 +26,7 @@ from prometheus_client.core import (
 )
 
 from cleanup.conf import conf
-from cleanup.engine import pressure
+from cleanup.engine import pressure, steps
 from cleanup.models import Chunk, Halt, OrphanMessage, Run
 from cleanup.observability import health
 from cleanup.observability.backlog import COUNT_CAP, Budget
@@ -83,6 +83,7 @@ class LedgerCollector:
         yield self._running(policies, figures.running)
         yield from self._health_gauges(now)
         yield self._heartbeats()
+        yield self._blocked_steps()
         yield from self._holds(now)
         yield from event_families(now)
 
@@ -200,9 +201,10 @@ class LedgerCollector:
             "exact": GaugeMetricFamily(
                 "cleanup_backlog_exact",
                 "1 when the eligible rows and oldest age were read exactly now; 0 when "
-                "reading them ran out of the budget: they then repeat this process's last "
-                "exact reading (its age grown since), raised to any lower bound read now "
-                "(rows counted, chunks in flight), and have no sample if there is neither.",
+                "reading them ran out of the budget: they then repeat the last exact "
+                "reading any process took (its age grown since), raised to any lower bound "
+                "read now (rows counted, chunks in flight), and have no sample if there is "
+                "neither.",
                 labels=["policy"]),
             "reading_age": GaugeMetricFamily(
                 "cleanup_backlog_reading_age_seconds",
@@ -273,11 +275,27 @@ class LedgerCollector:
             "cleanup_heartbeat_age_seconds",
             "Seconds since a worker of each cluster last ran the heartbeat task, by the "
             "database's clock (a cluster that stopped taking work grows; an idle one does "
-            "not); +Inf for a beat stamped in the future, which proves nothing.",
+            "not); +Inf for a cluster that said it stopped and for a beat stamped in the "
+            "future, which proves nothing.",
             labels=["host", "cluster"])
         for beat in health.heartbeats():
-            age = math.inf if beat.from_the_future else max(beat.age.total_seconds(), 0.0)
+            age = (math.inf if beat.from_the_future or beat.stopped_at
+                   else max(beat.age.total_seconds(), 0.0))
             family.add_metric([beat.host, beat.cluster], age)
+        return family
+
+
+    def _blocked_steps(self):
+        family = GaugeMetricFamily(
+            "cleanup_step_blocked_seconds",
+            "Seconds since a step (a policy's dispatch, the reconciler, the publisher, a "
+            "host's task) first gave up on a lock held past CLEANUP_LOCK_TIMEOUT_MS, while "
+            "it has not got through since, by the database's clock; blocker is the "
+            "session found holding the lock (its application and pid).",
+            labels=["step", "policy", "blocker"])
+        for blocked in steps.blocked_now():
+            family.add_metric([blocked.step, blocked.policy, blocked.blocker],
+                              max(blocked.age.total_seconds(), 0.0))
         return family
 
 

@@ -30,7 +30,7 @@ from cleanup import display
 from cleanup.conf import conf
 from cleanup.engine import halts
 from cleanup.engine.transport import redelivery_window
-from cleanup.models import Chunk, Halt, Run, ScheduleInstall, Slot
+from cleanup.models import BlockedStep, Chunk, Halt, Run, ScheduleInstall, Slot
 from cleanup.observability.backlog import Backlog, Budget, backlogs
 from cleanup.policies import Policy, all_policies
 from cleanup.scheduling.schedules import NAME_PREFIX
@@ -210,19 +210,40 @@ def open_halts() -> dict[str, list[Halt]]:
 
 
 def banner(policies: list[PolicyOverview], clusters: list[dict],
-           gone: Sequence[GonePolicy] = ()) -> list[Alert]:
-    """Every alert the overview shows at its top: the clusters', each policy's, then
-    the halts of policies no longer registered."""
+           gone: Sequence[GonePolicy] = (), blocked: Sequence[BlockedStep] = ()
+           ) -> list[Alert]:
+    """Every alert the overview shows at its top: the clusters', the steps a lock
+    blocks, each policy's, then the halts of policies no longer registered."""
     found = []
     if not any(cluster.get("taking_work") for cluster in clusters):
         found.append(Alert(None, "no-worker", "No worker cluster is taking work",
-                           "start manage.py qcluster: nothing is dispatched or applied"
-                           if clusters else "no cluster has ever beaten: start "
-                           "manage.py qcluster"))
+                           _no_worker(clusters)))
+    found.extend(_blocked(step) for step in blocked)
     for policy in policies:
         found.extend(policy.alerts())
     found.extend(policy.alert() for policy in gone)
     return found
+
+
+def _blocked(step: BlockedStep) -> Alert:
+    held = f"held by {step.blocker}" if step.blocker_pid else step.blocker
+    lock = f" ({step.blocker_lock})" if step.blocker_lock else ""
+    return Alert(step.policy or None, "blocked", f"{str(step).capitalize()} blocked by a lock",
+                 f"gave up {step.times:,} {'time' if step.times == 1 else 'times'} since "
+                 f"{display.utc_text(step.since)} UTC on a lock {held}{lock}; it is tried "
+                 "again at each turn")
+
+
+def _no_worker(clusters: list[dict]) -> str:
+    if not clusters:
+        return "no cluster has ever beaten: start manage.py qcluster"
+    stopped = [cluster["stopped_at"] for cluster in clusters if cluster.get("stopped_at")]
+    if len(stopped) == len(clusters):
+        which = "the cluster" if len(clusters) == 1 else "every cluster"
+        last = display.utc_text(datetime.fromisoformat(max(stopped)))
+        return (f"{which} stopped (the last at {last} UTC): start manage.py qcluster; "
+                "nothing is dispatched or applied meanwhile")
+    return "start manage.py qcluster: nothing is dispatched or applied"
 
 
 def overview(now: datetime | None = None, budget: Budget | None = None

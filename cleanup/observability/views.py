@@ -8,6 +8,7 @@ import ipaddress
 import os
 from functools import lru_cache
 
+from django.db import transaction
 from django.http import HttpResponse, HttpResponseForbidden, JsonResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -17,6 +18,7 @@ from prometheus_client import (
     multiprocess,
 )
 
+from cleanup.bounds import lock_bounded
 from cleanup.conf import conf
 from cleanup.observability import health as health_report
 from cleanup.observability.metrics import ledger_collector
@@ -37,7 +39,11 @@ def metrics(request):
         registry.register(ledger_collector())
     else:
         registry = REGISTRY
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    # One transaction, every statement's lock wait bounded: a table locked by another
+    # session fails the scrape after the bound rather than hold it.
+    with transaction.atomic(), lock_bounded():
+        body = generate_latest(registry)
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
 
 
 def scraper_allowed(request) -> bool:
@@ -90,5 +96,6 @@ def parse_networks(entries: tuple[str, ...]) -> tuple[tuple, tuple[str, ...]]:
 
 def health(request):
     """200 when the database answers and some cluster takes work, else 503."""
-    healthy, details = health_report.report()
+    with lock_bounded():
+        healthy, details = health_report.report()
     return JsonResponse({"healthy": healthy, **details}, status=200 if healthy else 503)

@@ -12,6 +12,7 @@ from django_q.models import Schedule
 
 from cleanup.engine.dispatch import dispatch
 from cleanup.engine.transport import redelivery_window
+from cleanup.exceptions import UnknownTask
 from cleanup.models import Run, Slot
 from cleanup.policies import all_policies
 from cleanup.scheduling import slots
@@ -30,12 +31,27 @@ ENGINE_SCHEDULES = {
 _tasks: dict[str, tuple[str, str]] = {}
 
 
+# What a host's schedule runs: the task, by name, as a step whose statements wait for a
+# lock at most their bound (cleanup.tasks.run_task).
+HOST_TASK = "cleanup.tasks.run_task"
+
+
 def register_task(name: str, func: str, cron: str) -> None:
     """Keep a schedule ``cleanup:<name>`` that runs ``func`` (a task's dotted path) on
-    ``cron``, installed, updated and removed by ``cleanup_schedule`` with the others."""
+    ``cron``, installed, updated and removed by ``cleanup_schedule`` with the others.
+    It runs as the step ``name``: every statement bounded, a lock held past the bound
+    recorded with its holder (cleanup.engine.steps)."""
     if not croniter.is_valid(cron):
         raise ValueError(f"task {name!r}: {cron!r} is not a cron expression")
     _tasks[name] = (func, cron)
+
+
+def registered_task(name: str) -> str:
+    """The dotted path of the host's task ``name``."""
+    try:
+        return _tasks[name][0]
+    except KeyError:
+        raise UnknownTask(name, sorted(_tasks)) from None
 
 
 @dataclass
@@ -59,10 +75,14 @@ def wanted_schedules() -> dict[str, dict]:
         for p in all_policies()
         if p.schedule is not None
     }
-    tasks = {name: (func, "* * * * *") for name, func in ENGINE_SCHEDULES.items()}
-    for name, (func, cron) in {**_tasks, **tasks}.items():
+    for name, (_func, cron) in _tasks.items():
         wanted[f"{NAME_PREFIX}{name}"] = {
-            "func": func, "kwargs": None, "cron": cron, "intended_date_kwarg": None,
+            "func": HOST_TASK, "kwargs": repr({"name": name}), "cron": cron,
+            "intended_date_kwarg": None,
+        }
+    for name, func in ENGINE_SCHEDULES.items():
+        wanted[f"{NAME_PREFIX}{name}"] = {
+            "func": func, "kwargs": None, "cron": "* * * * *", "intended_date_kwarg": None,
         }
     return wanted
 

@@ -72,6 +72,17 @@ def test_ready_names_what_is_missing_then_says_ready_once_nothing_is():
 
 
 @pytest.mark.django_db
+def test_readiness_says_a_cluster_stopped():
+    install_schedules()
+    health.beat()
+    health.record_stop()
+    line = ready_line()
+    assert line.startswith("Not ready: no cluster takes work (the cluster stopped (the last, ")
+    assert line.endswith("; start manage.py qcluster, in a terminal of its own: it runs in "
+                         "the foreground). Until then /health answers 503.\n")
+
+
+@pytest.mark.django_db
 def test_readiness_counts_the_hosts_own_task_schedules(monkeypatch):
     """A host's task (register_task) is installed by cleanup_schedule with the others:
     readiness waits for it too."""

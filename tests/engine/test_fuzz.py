@@ -4,7 +4,7 @@ dead-lettered with a reason; nothing raises out of the task."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cleanup.engine.dispatch import dispatch
@@ -41,6 +41,7 @@ def planned():
 @FUZZ
 @given(key=st.sampled_from(["version", "run_id", "chunk_id", "policy", "cutoff", "items"]),
        replacement=json_values)
+@example(key="chunk_id", replacement=2**31)  # past the ledger's integer: once raised
 def test_near_miss_messages_validate_or_are_dead_lettered(planned, key, replacement):
     message = {**planned.message, key: replacement}
     try:

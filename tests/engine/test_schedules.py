@@ -202,8 +202,9 @@ def test_a_host_task_gets_its_schedule_kept_and_removed_with_the_engines(monkeyp
 
     row = Schedule.objects.get(name="cleanup:nightly")
     assert "cleanup:nightly" in changes.created
-    assert (row.func, row.cron, row.schedule_type) == (
-        "tests.engine_app.services.nightly", "0 3 * * *", Schedule.CRON)
+    # Run by name, as a step: its statements wait for a lock at most their bound.
+    assert (row.func, row.kwargs, row.cron, row.schedule_type) == (
+        "cleanup.tasks.run_task", "{'name': 'nightly'}", "0 3 * * *", Schedule.CRON)
 
     schedules.register_task("nightly", "tests.engine_app.services.nightly", "0 4 * * *")
     assert install_schedules().updated == ["cleanup:nightly"]

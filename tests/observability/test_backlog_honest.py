@@ -31,8 +31,8 @@ THIRTY_DAYS = 30 * 24 * 3600
 
 @pytest.fixture(autouse=True)
 def _a_fresh_process(monkeypatch):
-    """No exact reading remembered from another test: a web process just started."""
-    monkeypatch.setattr(backlog_module, "_last_exact", {})
+    """No slow read remembered from another test: a web process just started (the
+    exact readings kept in the database go with each test's own)."""
     monkeypatch.setattr(backlog_module, "_over_budget", {})
 
 
@@ -120,3 +120,30 @@ def test_a_lower_bound_read_now_stands_over_a_smaller_exact_reading(client, acco
     assert samples["cleanup_eligible_rows"] == 5  # the chunk's five, not the reading's two
     assert 5 * 3600 <= samples["cleanup_oldest_eligible_age_seconds"] < 5 * 3600 + 60
     assert samples["cleanup_backlog_reading_age_seconds"] > 0  # that reading's, still
+
+
+@pytest.mark.django_db(transaction=True)  # the lock is taken from a second connection
+def test_past_the_budget_every_process_repeats_the_newest_exact_reading_any_took(
+        client, stale_logs):
+    """Two web workers behind one scrape address: one read five rows exactly ten minutes
+    ago; the backlog was emptied, and the other read 0 just now. Past the budget, the
+    scrape repeats the newest reading, whichever worker it reaches: no page for a
+    backlog already gone."""
+    key = f"policy:{PURGE['policy']}"
+    oldest = min(log.recorded_at for log in stale_logs)
+    earlier = backlog_module.Backlog(5, oldest, read_at=timezone.now() - timedelta(minutes=10))
+    backlog_module._keep(key, earlier)
+    LeaseLog.objects.all().delete()
+    assert backlog_samples(scrape(client), **PURGE)["cleanup_eligible_rows"] == 0
+    backlog_module._keep(key, earlier)  # the first worker's write lands late: not kept
+
+    holder = lock_the_logs_table()
+    try:
+        repeated = backlog_samples(scrape(client), **PURGE)
+    finally:
+        holder.close()
+
+    assert repeated["cleanup_backlog_exact"] == 0
+    assert repeated["cleanup_eligible_rows"] == 0
+    assert repeated["cleanup_oldest_eligible_age_seconds"] == 0
+    assert repeated["cleanup_backlog_reading_age_seconds"] < 60

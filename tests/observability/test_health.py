@@ -111,3 +111,34 @@ def test_a_worker_beats_as_it_takes_tasks_at_most_every_fifteen_seconds(monkeypa
 
     assert WorkerHeartbeat.objects.filter(**THIS_CLUSTER).count() == 1
     assert (len(first) > 0, len(soon_after), len(later) > 0) == (True, 0, True)
+
+
+def test_a_cluster_that_stopped_says_so_at_once_until_a_worker_beats_again(client, admin_user):
+    beat()
+    health.record_stop()  # what its monitor does as the cluster exits (SIGTERM)
+
+    response = client.get("/health")
+    assert response.status_code == 503
+    body = response.json()
+    [cluster] = body["clusters"]
+    assert cluster["taking_work"] is False and cluster["stopped_at"]
+    assert body["problem"].startswith(
+        f"the cluster stopped (the last, {Conf.CLUSTER_NAME}@{socket.gethostname()}, at ")
+    # However fresh its last beat: +Inf, which the no-worker alert pages on.
+    assert value(scrape(client), "cleanup_heartbeat_age_seconds", **THIS_CLUSTER) == math.inf
+    client.force_login(admin_user)
+    page = client.get("/admin/cleanup/cleanupoverview/").content.decode()
+    assert "the cluster stopped (the last at" in page and "All clear" not in page
+
+    beat()  # a worker of a cluster started again
+    assert client.get("/health").json()["clusters"][0] == {
+        **cluster, "taking_work": True, "stopped_at": None,
+        "age_seconds": pytest.approx(0, abs=2), "last_beat": WorkerHeartbeat.objects.get(
+        ).beat_at.isoformat(), "pid": cluster["pid"]}
+
+
+def test_a_stop_is_recorded_only_in_a_process_a_cluster_started():
+    """A web or command process ending says nothing of a cluster: only a process that
+    multiprocessing started (django-q2's monitor) awaits its exit to record a stop."""
+    health.record_stop_at_exit()
+    assert health._stop_awaited is False

@@ -122,5 +122,5 @@ def test_the_rendered_rules_pass_promtool(tmp_path):
                             text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     shipped = output.read_text().count("- alert: ")
-    assert shipped == 12  # CleanupEventsNotDelivered and CleanupEventsDead, the outbox's
+    assert shipped == 13  # CleanupEventsNotDelivered and CleanupEventsDead, the outbox's
     assert f"SUCCESS: {shipped} rules found" in result.stdout

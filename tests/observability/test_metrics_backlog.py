@@ -27,7 +27,6 @@ LEASES = {"policy": "expire-leases"}
 @pytest.fixture(autouse=True)
 def _no_memory_of_slow_reads(monkeypatch):
     monkeypatch.setattr(backlog_module, "_over_budget", {})
-    monkeypatch.setattr(backlog_module, "_last_exact", {})
 
 
 @pytest.fixture

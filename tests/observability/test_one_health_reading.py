@@ -35,7 +35,6 @@ READ_APART = 30
 @pytest.fixture(autouse=True)
 def _a_fresh_process(monkeypatch):
     """No reading remembered from another test."""
-    monkeypatch.setattr(backlog_module, "_last_exact", {})
     monkeypatch.setattr(backlog_module, "_over_budget", {})
 
 

@@ -18,20 +18,22 @@ class Command(CleanupCommand):
         scheduled = [name for name, spec in specs.items() if spec["func"] == DISPATCH_TASK]
         installed = set(Schedule.objects.filter(name__in=wanted).values_list("name", flat=True))
         missing = [name for name in wanted if name not in installed]
-        taking_work, _ = health.report()
+        taking_work, details = health.report()
         policies_missing = sum(name in scheduled for name in missing)
         return {
             "ready": not missing and taking_work,
             "schedules_missing": missing,
             "cluster_taking_work": taking_work,
-            "summary": _summary(len(wanted), missing, policies_missing, taking_work),
+            "summary": _summary(len(wanted), missing, policies_missing, taking_work,
+                                details.get("problem", "")),
         }
 
     def describe(self, result: dict, verbosity: int) -> str:
         return result["summary"]
 
 
-def _summary(wanted: int, missing: list[str], policies_missing: int, taking_work: bool) -> str:
+def _summary(wanted: int, missing: list[str], policies_missing: int, taking_work: bool,
+             problem: str) -> str:
     """One line: ready, or what is missing, what to run and what it shows meanwhile."""
     if not missing and taking_work:
         return (f"Ready: {count(wanted, 'schedule')} installed and a cluster takes work "
@@ -44,7 +46,8 @@ def _summary(wanted: int, missing: list[str], policies_missing: int, taking_work
             policies = "policy" if policies_missing == 1 else "policies"
             meanwhile.append(f"the console shows {policies_missing} {policies} 'Not installed'")
     if not taking_work:
-        missing_parts.append("no cluster takes work (start manage.py qcluster, in a terminal "
-                             "of its own: it runs in the foreground)")
+        stopped = "" if problem == health.NOT_BEATING else f"{problem}; "
+        missing_parts.append(f"no cluster takes work ({stopped}start manage.py qcluster, in a "
+                             "terminal of its own: it runs in the foreground)")
         meanwhile.append("/health answers 503")
     return f"Not ready: {'; '.join(missing_parts)}. Until then {' and '.join(meanwhile)}."
