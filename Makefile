@@ -5,7 +5,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint test demo serve bench soak
+.PHONY: install lint test demo serve bench soak public-surface
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -55,3 +55,8 @@ bench: $(STAMP)
 soak: $(STAMP)
 	$(DEV) $(PYTHON) manage.py migrate --verbosity 0
 	$(DEV) $(PYTHON) manage.py cleanup_soak --duration $(or $(DURATION),600) --min-faults 10
+
+# The public surface of the version in pyproject.toml, recorded once CHANGELOG.md names
+# every change since the last record (tests/project/test_changelog.py checks that first).
+public-surface: $(STAMP)
+	WRITE_PUBLIC_SURFACE=1 $(VENV)/bin/pytest -q tests/project/test_changelog.py

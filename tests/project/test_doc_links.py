@@ -22,7 +22,7 @@ def anchors(path) -> set[str]:
 
 
 def test_every_link_to_a_section_lands_on_a_heading():
-    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    pages = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
     broken = []
     for page in pages:
         for target, fragment in LINK.findall(page.read_text()):

@@ -1,5 +1,5 @@
-"""Consistency of the project: migrations, the engine's independence, the README and
-the pages under docs/."""
+"""Consistency of the project: migrations, the engine's independence, the README, the
+changelog and the pages under docs/."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ HEADING = re.compile(r"^#{1,6} (.+?)\s*$", re.MULTILINE)
 
 
 def pages() -> list:
-    return [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+    return [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted(DOCS.glob("*.md"))]
 
 
 def prose(path) -> str:
