@@ -114,8 +114,8 @@ def run_demo(*, expired: int, active: int, racers: int, timeout: float,
         ready = Reminder.objects.filter(state=Reminder.State.READY).count()
         say(f"The runs finished; {ready} reminders marked ready. The sender runs on the "
             "cluster, then the hold run is replayed with its own cutoff.")
-        # What the sender's schedule does every minute, now.
-        async_task("reservations.reminders.send_ready_reminders")
+        # What the sender's schedule does every minute, now (a host task, run as a step).
+        async_task("cleanup.tasks.run_task", name="send-reminders")
         _wait(lambda: not Reminder.objects.filter(state=Reminder.State.READY).exists(),
               timeout, "the sender to take every ready reminder")
         resent = replay(holds_run.pk).resent
