@@ -21,6 +21,7 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     "count": ("cleanup.management.base", "count"),
     "ask": ("cleanup.management.base", "ask"),
     "progress": ("cleanup.management.reports", "progress"),
+    "quiet_logs": ("cleanup.management.base", "quiet_logs"),
     "write_report": ("cleanup.management.reports", "write_report"),
     "QCluster": ("cleanup.management.qcluster", "QCluster"),
     # Metrics: a backlog read within a time budget, counted up to a cap.

@@ -10,6 +10,8 @@ import logging
 import re
 import sys
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 from django.core.management.base import BaseCommand, CommandError, OutputWrapper
@@ -222,6 +224,19 @@ def _asks_for_json(argv: list[str]) -> bool:
     return False
 
 
+@contextmanager
+def quiet_logs(verbosity: int) -> Iterator[None]:
+    """Below ``-v 2``, the log lines under WARNING (the engine's INFO lines, django-q2's
+    "Enqueued") are not shown meanwhile: a command prints its own lines."""
+    disabled = logging.root.manager.disable
+    if verbosity < 2:
+        logging.disable(logging.INFO)
+    try:
+        yield
+    finally:
+        logging.disable(disabled)
+
+
 class _HeldErrors(logging.Handler):
     """Stands in for the root logger's handlers while a command runs: passes records
     below ERROR on at once, and keeps the errors for the end."""
@@ -308,16 +323,15 @@ class CleanupCommand(BaseCommand):
 
     def execute(self, *args, **options):
         quiet = self.from_shell and options.get("verbosity", 1) < 2
-        disabled = logging.root.manager.disable
         held = self._held = _HeldErrors() if quiet else None
         if quiet:
             # Below -v 2 a command prints its result, not the engine's INFO lines (nor
             # django-q2's "Enqueued"); warnings show as they come, errors at the end.
-            logging.disable(logging.INFO)
             held.install()
         failed = True
         try:
-            result = super().execute(*args, **options)
+            with quiet_logs(options.get("verbosity", 1) if quiet else 2):
+                result = super().execute(*args, **options)
             failed = False
             return result
         except OperationalError as exc:
@@ -334,7 +348,6 @@ class CleanupCommand(BaseCommand):
             raise
         finally:
             if quiet:
-                logging.disable(disabled)
                 # A refusal is one line (or one JSON object) that says it all: the error
                 # lines that led to it would only say it again, before it.
                 held.uninstall(replay=not failed)

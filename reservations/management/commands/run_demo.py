@@ -4,7 +4,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from cleanup.host import Duration, WholeNumber, count, progress, write_report
+from cleanup.host import Duration, WholeNumber, count, progress, quiet_logs, write_report
 from reservations.demo import MAIL_DIR, run_demo
 from reservations.management.wiping import add_wipe_arguments, confirm_wipe
 
@@ -44,8 +44,10 @@ class Command(BaseCommand):
         confirm_wipe("The demo", interactive)
         say = progress(self, options)
         try:
-            report = run_demo(expired=expired, active=active, racers=racers,
-                              timeout=timeout, say=say, mail=mail_dir.resolve())
+            # Its steps and its report, not the engine's INFO lines between them (-v 2).
+            with quiet_logs(options["verbosity"]):
+                report = run_demo(expired=expired, active=active, racers=racers,
+                                  timeout=timeout, say=say, mail=mail_dir.resolve())
         except TimeoutError as exc:
             raise CommandError(str(exc)) from exc
         write_report(self, report, options, table=self.table, failed="a demo check failed")
