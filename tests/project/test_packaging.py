@@ -1,10 +1,13 @@
-"""The engine as a host project meets it: its wheel, installed non-editable into a fresh
-virtualenv beside a minimal project of the test's own (settings, one model, one
-policy), migrates, dispatches and applies a run, and renders the console's pages."""
+"""The engine as a host project meets it: its wheel, built and installed non-editable into a
+fresh virtualenv by the README's two commands, beside a minimal project of the test's own
+(settings, one model, one policy), migrates, dispatches and applies a run, and renders
+the console's pages."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,8 +19,12 @@ import pytest
 from django.db import connection
 
 from tests.conftest import ROOT
+from tests.project.test_project import section
 
 pytestmark = pytest.mark.wheel
+
+# Where the README's commands name the reader's checkout.
+CHECKOUT = "/path/to/seat-hold-cleanup"
 
 HOST_SETTINGS = '''
 import os
@@ -149,6 +156,13 @@ def host_database(db):
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def readme_wheel_commands() -> tuple[str, str]:
+    """The README's commands that build the engine's wheel from a checkout and install it."""
+    text = section(ROOT / "README.md", "Install the engine in your project")
+    build, install = re.findall(r"`(python -m pip (?:wheel|install dist/)[^`]+)`", text)
+    return build, install
+
+
 def run(*args, **kwargs) -> subprocess.CompletedProcess:
     result = subprocess.run(args, capture_output=True, text=True, timeout=600, **kwargs)
     assert result.returncode == 0, (args, result.stdout[-2000:], result.stderr[-3000:])
@@ -156,20 +170,25 @@ def run(*args, **kwargs) -> subprocess.CompletedProcess:
 
 
 def test_the_wheel_works_installed_into_a_host_project_of_its_own(tmp_path, host_database):
-    wheels = tmp_path / "wheels"
-    run(sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--quiet",
-        "--wheel-dir", str(wheels))
-    (wheel,) = wheels.glob("*.whl")
+    venv = tmp_path / "venv"
+    run(sys.executable, "-m", "venv", str(venv))
+    python = str(venv / "bin" / "python")
+    # The README's commands as a reader runs them, the virtualenv active, in one directory;
+    # without a PYTHONPATH into the checkout, whose egg-info the build leaves there (pip
+    # would take it for the engine installed already).
+    active = {**{name: value for name, value in os.environ.items() if name != "PYTHONPATH"},
+              "PATH": f"{venv / 'bin'}:{os.environ['PATH']}"}
+    build, install = readme_wheel_commands()
+    assert CHECKOUT in build
+    run("bash", "-c", build.replace(CHECKOUT, str(ROOT)), cwd=tmp_path, env=active)
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    assert f"dist/{wheel.name}" in install  # the file the build wrote, named as it is
     names = zipfile.ZipFile(wheel).namelist()
     # The engine only: no host project (config) and no product app beside it.
     tops = {name.split("/")[0] for name in names}
     assert "cleanup" in tops and all(top.endswith(".dist-info") for top in tops - {"cleanup"})
     assert "cleanup/templates/admin/cleanup/cleanupoverview/overview.html" in names
-
-    venv = tmp_path / "venv"
-    run(sys.executable, "-m", "venv", str(venv))
-    python = str(venv / "bin" / "python")
-    run(python, "-m", "pip", "install", "--quiet", str(wheel), "psycopg[binary]>=3.2,<4")
+    run("bash", "-c", install, cwd=tmp_path, env=active)
 
     host = tmp_path / "host"
     for path, text in {**HOST_FILES, "hostsite/settings.py": HOST_SETTINGS}.items():
