@@ -19,7 +19,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 # The slow kinds (README, Tests): the fast part runs first, then these. BEFORE_SLOW is a
-# command run between the two (CI waits there for its second interpreter's run).
+# command run between the two (CI waits there for the fast parts it runs beside this one).
 SLOW := qcluster or browser or soak or bench or prometheus or wheel or pooler
 BEFORE_SLOW ?= true
 

@@ -13,7 +13,6 @@ from django_q.conf import Conf
 
 from cleanup.models import Chunk, Run
 from tests.engine_app.factories import AccountFactory, LeaseFactory
-from tests.factories import SeatHoldFactory, SectionFactory
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,13 +61,19 @@ def row_locks_waited(settings):
     settings.CLEANUP_ROW_LOCK_WAIT_MS = settings.CLEANUP_LOCK_TIMEOUT_MS = 5000
 
 
+# The product's factories are imported where used: the engine's tests also run without
+# the product installed (tests/engine_settings.py).
 @pytest.fixture
 def section(db):
+    from tests.factories import SectionFactory
+
     return SectionFactory(capacity=1000)
 
 
 @pytest.fixture
 def expired_holds(section):
+    from tests.factories import SeatHoldFactory
+
     return SeatHoldFactory.create_batch(5, section=section, expired=True)
 
 
@@ -131,6 +136,10 @@ def database_url() -> str:
 
 
 def subprocess_env(**extra: str) -> dict:
+    """The environment of a subprocess on the test database. Its DJANGO_SETTINGS_MODULE
+    is the tests' own (pytest-django puts it in the environment: tests.settings, or
+    tests.engine_settings where only the engine is installed) unless ``extra`` names
+    another."""
     env = {**os.environ, "DATABASE_URL": database_url(), "PYTHONUNBUFFERED": "1", **extra}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     return env

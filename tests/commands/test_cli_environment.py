@@ -20,8 +20,7 @@ def shell(*args: str, **env: str) -> subprocess.CompletedProcess:
     the tests run with: manage.py's own (config.settings) lack the engine app, and with
     it the expire-leases and flag-leases policies dispatched below."""
     return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT,
-                          env=subprocess_env(**{"DJANGO_SETTINGS_MODULE": "tests.settings",
-                                                **env}),
+                          env=subprocess_env(**env),
                           capture_output=True, text=True, timeout=120)
 
 

@@ -30,7 +30,7 @@ Command().run_from_argv(["manage.py", "example"])
 def test_errors_met_on_the_way_print_before_the_summary_which_stays_last():
     process = subprocess.run([sys.executable, "-c", COMMAND], cwd=ROOT, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60,
-                             env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings"))
+                             env=subprocess_env())
 
     assert process.returncode == 0, process.stdout
     lines = process.stdout.strip().splitlines()

@@ -165,22 +165,13 @@ def test_replay_of_unknown_run_or_chunk_fails_and_sends_nothing(expired_leases):
     assert OrmQ.objects.count() == 0
 
 
-# The engine and its test app, without the product: what cleanup_schedule installs then
-# is the engine's and the engine app's alone.
-ENGINE_AND_TEST_APP = """
-from tests.engine_only_settings import *  # noqa: F403
-
-INSTALLED_APPS = [*INSTALLED_APPS, "tests.engine_app"]  # noqa: F405
-"""
-
-
 @pytest.fixture
-def schedule_without_the_product(tmp_path):
+def schedule_without_the_product():
     """Run ``cleanup_schedule --json`` as an operator does, in a process that installs no
-    product (the test's own process registers the product's policies and tasks)."""
-    (tmp_path / "engine_and_test_app_settings.py").write_text(ENGINE_AND_TEST_APP)
-    env = subprocess_env(DJANGO_SETTINGS_MODULE="engine_and_test_app_settings",
-                         PYTHONPATH=str(tmp_path))
+    product (the test's own process registers the product's policies and tasks): the
+    engine and its test app (tests/engine_settings.py), whose schedules are then the
+    only ones."""
+    env = subprocess_env(DJANGO_SETTINGS_MODULE="tests.engine_settings")
 
     def schedule() -> dict:
         process = subprocess.run([sys.executable, "manage.py", "cleanup_schedule", "--json"],

@@ -102,8 +102,9 @@ def test_poison_chunk_killing_its_worker_is_dead_lettered_after_the_limit(settin
     for _ in range(3):
         process = subprocess.run(
             [sys.executable, "-c", KILL_MID_CHUNK, json.dumps(chunk.message)],
-            # The test settings, so the engine app's policies exist in the subprocess.
-            cwd=ROOT, env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings"),
+            # The tests' settings (subprocess_env's), so the engine app's policies exist
+            # in the subprocess.
+            cwd=ROOT, env=subprocess_env(),
             capture_output=True, text=True, timeout=60,
         )
         assert process.returncode == -signal.SIGKILL, process.stdout + process.stderr

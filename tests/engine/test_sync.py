@@ -182,8 +182,8 @@ def test_a_sync_chunk_locked_past_the_in_task_retries_gives_the_rest_to_the_queu
     assert sum(c.rows_deleted for c in run.chunks.all()) == 8
 
 
-LOCKED_SETTINGS = """
-from tests.settings import *  # noqa: F403
+LOCKED_SETTINGS = f"""
+from {os.environ['DJANGO_SETTINGS_MODULE']} import *  # noqa: F403
 
 # Chunks of 20 leases; a lock wait gives up within a fifth of a second, retried once.
 LEASES_EXPIRE_CHUNK_SIZE = 20
@@ -396,7 +396,7 @@ import os
 import signal
 import time
 
-from tests.settings import *  # noqa: F403
+from {os.environ['DJANGO_SETTINGS_MODULE']} import *  # noqa: F403
 
 from cleanup import faults
 

@@ -223,7 +223,7 @@ def test_a_publisher_killed_mid_handler_leaves_neither_and_the_event_is_taken_ag
 def killed_publisher() -> subprocess.CompletedProcess:
     process = subprocess.run(
         [sys.executable, "-c", KILLED_PUBLISHER], cwd=ROOT,
-        env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings"),
+        env=subprocess_env(),
         capture_output=True, text=True, timeout=60)
     assert process.returncode == -signal.SIGKILL, process.stdout + process.stderr
     return process
@@ -262,7 +262,7 @@ def test_a_publisher_frozen_mid_handler_loses_its_session_and_the_event_is_taken
     event = emitted(ordering_key="section:1")
     frozen = subprocess.Popen(
         [sys.executable, "-c", FROZEN_PUBLISHER], cwd=ROOT,
-        env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings"),
+        env=subprocess_env(),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: _stopped(frozen.pid), timeout=30, what="the publisher to freeze")

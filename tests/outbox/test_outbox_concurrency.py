@@ -67,8 +67,7 @@ def test_two_publishers_deliver_every_event_once_and_in_order_per_key(tmp_path):
     processes = [
         subprocess.Popen([sys.executable, "-c", PUBLISHER, str(tmp_path), f"p{n}",
                           str(PUBLISHERS)], cwd=ROOT,
-                         env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings",
-                                            PUBLISHER=f"p{n}"),
+                         env=subprocess_env(PUBLISHER=f"p{n}"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for n in range(PUBLISHERS)
     ]
