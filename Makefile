@@ -19,14 +19,17 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 # The slow kinds (README, Tests): the fast part runs first, then these. BEFORE_SLOW is a
-# command run between the two (CI waits there for the fast parts it runs beside this one).
+# command run between the two (CI waits there for the parts it runs beside this one);
+# SLOW_APART, slow kinds the caller runs elsewhere (CI runs the live Prometheus tests
+# beside the fast parts: .ci/run).
 SLOW := qcluster or browser or soak or bench or prometheus or wheel or pooler
 BEFORE_SLOW ?= true
+SLOW_APART ?=
 
 test: lint
 	$(VENV)/bin/pytest -m "not ($(SLOW))"
 	$(BEFORE_SLOW)
-	$(VENV)/bin/pytest -m "$(SLOW)"
+	$(VENV)/bin/pytest -m "($(SLOW))$(if $(SLOW_APART), and not ($(SLOW_APART)))"
 
 demo: $(STAMP)
 	$(PYTHON) manage.py migrate --verbosity 0

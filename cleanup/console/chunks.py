@@ -11,7 +11,9 @@ from urllib.parse import urlencode
 from django.contrib import admin
 from django.contrib.postgres.aggregates import ArrayAgg
 from django.core.exceptions import PermissionDenied
+from django.db import connection
 from django.db.models import Count, Max, Min
+from django.template.defaultfilters import filesizeformat
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
@@ -24,6 +26,7 @@ from cleanup.console.forms import DiscardForm
 from cleanup.engine import operations
 from cleanup.models import Chunk
 from cleanup.observability import blockers, waits
+from cleanup.observability.counters import WAL_COUNTED_FROM
 
 
 class ChunkStateFilter(admin.SimpleListFilter):
@@ -40,9 +43,9 @@ class ChunkStateFilter(admin.SimpleListFilter):
 
 # The chunk page's outcome: each a count_field below, with separators.
 COUNTS = ("rows_deleted_number", "rows_updated_number", "items_skipped_number",
-          "rows_locked_number", "deliveries_number", "deliveries_completed_number",
-          "noop_deliveries_number", "failures_number", "transient_retries_number",
-          "dead_letters_number")
+          "rows_locked_number", "wal_written", "deliveries_number",
+          "deliveries_completed_number", "noop_deliveries_number", "failures_number",
+          "transient_retries_number", "dead_letters_number")
 
 
 class ChunkAdmin(LedgerAdmin):
@@ -84,6 +87,21 @@ class ChunkAdmin(LedgerAdmin):
     failures_number = count_field(Chunk, "failures")
     transient_retries_number = count_field(Chunk, "transient_retries")
     dead_letters_number = count_field(Chunk, "dead_letters")
+
+    @admin.display(description="WAL written")
+    def wal_written(self, chunk):
+        if chunk.wal_bytes is not None:
+            return f"{filesizeformat(chunk.wal_bytes)} ({display.number(chunk.wal_bytes)} bytes)"
+        if connection.pg_version < WAL_COUNTED_FROM:
+            return ("unknown on PostgreSQL < 18: the server keeps no WAL counters for each "
+                    "session")
+        if chunk.committed_at is None:
+            return "-"
+        return "unknown: not measured when it committed"
+
+    wal_written.help_text = (
+        "The WAL its committing transaction wrote: its statement, the rows' indexes and "
+        "its ledger writes (docs/performance.md, A chunk's WAL).")
 
     def get_fieldsets(self, request, obj=None):
         """What went wrong first on a chunk that failed; otherwise no failure section. The

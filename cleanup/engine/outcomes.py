@@ -29,9 +29,10 @@ log = structlog.get_logger("cleanup.ledger")
 
 def committed(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
            updated: int = 0, locked: int = 0, cpu_wait: float | None = None,
-           policy: Policy | None = None, delivery: int | None = None) -> bool:
+           policy: Policy | None = None, delivery: int | None = None
+           ) -> transitions.Committed:
     """``transitions.to_committed``, then the window topped up and the run settled
-    (``policy``: the run's, where the caller knows it)."""
+    (``policy``: the run's, where the caller knows it). True if the chunk moved."""
     # With the policy at hand, the window's top-up opens in the same round trip.
     done = transitions.to_committed(
         chunk, deleted=deleted, retries=retries, elapsed=elapsed, updated=updated,
@@ -40,7 +41,7 @@ def committed(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
         if policy else None)
     if done:
         _top_up_and_settle(chunk.run_id, policy=policy, opened=done.opened)
-    return bool(done)
+    return done
 
 
 def dead_lettered(chunk: Chunk, reason: str, failure_class: str, *, received: str = "",

@@ -53,13 +53,20 @@ def planned_to_enqueued(pks: Iterable[int], now: datetime | None = None) -> int:
 
 
 # The ledger's functions (cleanup/sql/delivery_v1.sql, window_v1.sql), one call each...
-_START = "SELECT cleanup_delivery_start_v1(%s, %s, %s, %s, %s, %s, %s)"
+# (The start and the commit force their session's next flush of its counters, so a
+# chunk's WAL counts its transaction alone: cleanup/sql/wal_v1.sql.)
+_START = "SELECT cleanup_delivery_start_v1(%s, %s, %s, %s, %s, %s, %s), cleanup_wal_mark_v1()"
 _BEGIN = "SELECT * FROM cleanup_chunk_begin_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-_COMMITTED = "SELECT cleanup_chunk_committed_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
-_COMMITTED_THEN_OPEN = (
-    "SELECT done, CASE WHEN done THEN cleanup_top_up_open_v1(%s, %s, %s, %s) END "
+_COMMITTED = (
+    "SELECT done, NULL, CASE WHEN done THEN cleanup_wal_mark_v1() END "
     "FROM (SELECT cleanup_chunk_committed_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s) AS done) "
     "AS committed")
+_COMMITTED_THEN_OPEN = (
+    "SELECT done, CASE WHEN done THEN cleanup_top_up_open_v1(%s, %s, %s, %s) END, "
+    "CASE WHEN done THEN cleanup_wal_mark_v1() END "
+    "FROM (SELECT cleanup_chunk_committed_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s) AS done) "
+    "AS committed")
+_WAL = "SELECT cleanup_chunk_wal_v1(%s, %s::jsonb, %s)"
 _NOOP = "SELECT cleanup_chunk_noop_v1(%s, %s, %s, %s, %s)"
 _RETRYING = "SELECT cleanup_chunk_retrying_v1(%s, %s, %s, %s, %s, %s)"
 _DEAD_LETTERED = "SELECT cleanup_chunk_dead_lettered_v1(%s, %s, %s, %s, %s, %s, %s)"
@@ -91,10 +98,11 @@ def _call(sql: str, *args):
 class Committed:
     """What ``to_committed`` did: true if the chunk moved to committed; ``opened``, the
     window's top-up opened in the same round trip (``open_top_up``), where asked and
-    the chunk moved."""
+    the chunk moved; ``wal_mark``, its session's WAL so far where the server counts it
+    (``record_wal`` takes it once the transaction committed)."""
 
-    def __init__(self, done: bool, opened: dict | None = None):
-        self.done, self.opened = done, opened
+    def __init__(self, done: bool, opened: dict | None = None, wal_mark: str | None = None):
+        self.done, self.opened, self.wal_mark = done, opened, wal_mark
 
     def __bool__(self) -> bool:
         return self.done
@@ -115,12 +123,20 @@ def to_committed(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
     """
     args = [chunk.pk, delivery, deleted, updated, locked, retries, round(elapsed * 1000),
             None if cpu_wait is None else round(cpu_wait * 1000), timezone.now()]
-    if then_open is None:
-        return Committed(_call(_COMMITTED, *args))
     with connection.cursor() as cursor:
-        cursor.execute(_COMMITTED_THEN_OPEN, [*then_open, *args])
-        done, opened = cursor.fetchone()
-    return Committed(done, _opened(opened) if done else None)
+        if then_open is None:
+            cursor.execute(_COMMITTED, args)
+        else:
+            cursor.execute(_COMMITTED_THEN_OPEN, [*then_open, *args])
+        done, opened, wal_mark = cursor.fetchone()
+    return Committed(done, _opened(opened) if opened else None, wal_mark)
+
+
+def record_wal(chunk: Chunk, wal_mark: str, lock_ms: int) -> int | None:
+    """Keep on the committed chunk the WAL its transaction wrote (``to_committed``'s
+    ``wal_mark``), read after its commit; None where it cannot be told. Its own write
+    waits for a lock at most ``lock_ms``."""
+    return _call(_WAL, chunk.pk, wal_mark, lock_ms)
 
 
 def open_top_up(policy_name: str, window: int, latest: int, lock_ms: int) -> dict:

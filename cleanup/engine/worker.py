@@ -160,6 +160,7 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int,
             asynchronous=not here and transport.queue_shares_transaction(),
             row_lock_ms=None if skip_locked else conf.ROW_LOCK_WAIT_MS)
         deleted = updated = locked = 0
+        committed = None
         if state not in Chunk.UNFINISHED:
             transitions.count_noop(chunk, retries=retries, already=state, delivery=delivery)
             outcome = Outcome.NOOP
@@ -180,17 +181,18 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int,
                 # What is still eligible here is what others kept locked: the rows this
                 # transaction changed are gone from its sight or no longer eligible.
                 locked = eligible.count()
-            outcomes.committed(chunk, deleted=deleted, updated=updated, locked=locked,
-                               retries=retries, elapsed=time.monotonic() - started,
-                               cpu_wait=cpu_wait.since(waited), policy=policy,
-                               delivery=delivery)
+            committed = outcomes.committed(
+                chunk, deleted=deleted, updated=updated, locked=locked, retries=retries,
+                elapsed=time.monotonic() - started, cpu_wait=cpu_wait.since(waited),
+                policy=policy, delivery=delivery)
             faults.reach(faults.BEFORE_COMMIT)
+    wal_bytes = _record_wal(chunk, committed)
     log.info("chunk outcome", run_id=message.run_id, chunk_id=message.chunk_id,
              policy=policy.name, outcome=str(outcome), mutation=policy.mutation,
              rows_changed=deleted + updated, rows_deleted=deleted, rows_updated=updated,
              rows_locked=locked, planned_rows=planned_rows,
              already=state if state not in Chunk.UNFINISHED else None,
-             transient_retries=retries)
+             transient_retries=retries, wal_bytes=wal_bytes)
     if (message.items is not None
             and logging.getLogger("cleanup.worker").isEnabledFor(logging.DEBUG)):
         for pk, observed in message.items:
@@ -198,6 +200,22 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int,
             log.debug("item", run_id=message.run_id, chunk_id=message.chunk_id,
                       idempotency_key=f"{policy.idempotency_prefix}:{pk}:{text}")
     return outcome
+
+
+def _record_wal(chunk: Chunk, committed: transitions.Committed | None) -> int | None:
+    """Keep the WAL the chunk's transaction wrote, where the server counted it for the
+    session (cleanup/sql/wal_v1.sql): read after the commit, in a statement of its own.
+    None where it is unknown. The outcome has committed: whatever happens here is
+    logged, and changes nothing of it."""
+    if not committed or committed.wal_mark is None or connection.in_atomic_block:
+        return None  # (in a caller's transaction nothing has committed, nor flushed)
+    try:
+        return transitions.record_wal(chunk, committed.wal_mark, conf.LOCK_TIMEOUT_MS)
+    except DatabaseError as exc:
+        _reset_broken_connection()
+        log.warning("chunk WAL not recorded", **transitions.chunk_fields(chunk),
+                    error=str(exc).strip())
+        return None
 
 
 def _locked(doomed):

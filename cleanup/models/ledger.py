@@ -180,6 +180,11 @@ class Chunk(models.Model):
         help_text="Of that duration, how long its worker waited for a CPU (a busy host); "
                   "empty where the kernel does not say.",
     )
+    wal_bytes = models.BigIntegerField(
+        null=True, blank=True,
+        help_text="WAL its committing transaction wrote, in bytes; empty where it was not "
+                  "measured (PostgreSQL before 18 keeps no per-session WAL counters).",
+    )
     unfinished_forgiven = models.PositiveIntegerField(
         default=0, help_text="Unfinished deliveries an operator's requeue set aside."
     )

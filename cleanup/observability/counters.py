@@ -18,6 +18,10 @@ from cleanup.models import Total, rows_changed
 DURATION_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 ROWS_BUCKETS = (0, 1, 10, 50, 100, 250, 500, 1000, 2500, 5000)
 
+# The server version (connection.pg_version) from which a chunk's WAL is counted: the
+# first with per-session WAL counters (cleanup/sql/wal_v1.sql).
+WAL_COUNTED_FROM = 180000
+
 STATE_PREFIX = "state_"  # a chunk state's gauge: chunks of the policy in that state now
 RUNNING = "running"  # the policy's runs not finished yet
 

@@ -23,6 +23,7 @@ from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
+    SummaryMetricFamily,
 )
 
 from cleanup.conf import conf
@@ -30,7 +31,12 @@ from cleanup.engine import pressure, steps
 from cleanup.models import Chunk, Halt, OrphanMessage, Run
 from cleanup.observability import health
 from cleanup.observability.backlog import COUNT_CAP, Budget
-from cleanup.observability.counters import DURATION_BUCKETS_MS, ROWS_BUCKETS, ledger_figures
+from cleanup.observability.counters import (
+    DURATION_BUCKETS_MS,
+    ROWS_BUCKETS,
+    WAL_COUNTED_FROM,
+    ledger_figures,
+)
 from cleanup.observability.events import event_families
 from cleanup.observability.overview import backlog_age_limit, overview
 from cleanup.policies import all_policies
@@ -169,6 +175,21 @@ class LedgerCollector:
             )
         yield duration
         yield rows
+        yield self._wal(policies, sums)
+
+    def _wal(self, policies, sums):
+        """Where the server counts WAL for each session (PostgreSQL 18); before that, the
+        family has no sample: unknown, not 0 (cleanup/sql/wal_v1.sql)."""
+        family = SummaryMetricFamily(
+            "cleanup_chunk_wal_bytes",
+            "WAL written by the transaction that committed each chunk, over the chunks "
+            "measured (_count). No sample on PostgreSQL before 18, which keeps no "
+            "per-session WAL counters.", labels=["policy"])
+        if connection.pg_version >= WAL_COUNTED_FROM:
+            for policy in policies:
+                family.add_metric([policy], sums[policy]["wal_chunks"],
+                                  sums[policy]["wal_bytes"])
+        return family
 
     def _state_gauges(self, policies, states):
         family = GaugeMetricFamily("cleanup_chunks", "Chunks by current state.",

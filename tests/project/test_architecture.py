@@ -142,14 +142,16 @@ def test_only_the_outbox_writer_writes_events():
 
 
 def test_only_the_database_writes_the_totals():
-    """The totals are added to by cleanup/sql/totals_v1.sql alone: its triggers as each
-    change commits, and its one function, which the outbox's settling statements call.
-    No Python module writes cleanup_total, in the ORM or in SQL."""
+    """The totals are added to by the database's triggers as each change commits
+    (cleanup/sql/totals_v1.sql; wal_v1.sql's, as a chunk's WAL is kept) and by
+    totals_v1.sql's one function, which the outbox's settling statements call. No
+    Python module writes cleanup_total, in the ORM or in SQL."""
     assert writes_outside_their_writer({"Total"}) == []
     adders = sorted(str(path.relative_to(ROOT)) for path in ENGINE.rglob("*")
                     if path.suffix in {".py", ".sql"} and "migrations" not in path.parts
                     and "cleanup_total_add_v1(" in path.read_text())
-    assert adders == ["cleanup/outbox/events.py", "cleanup/sql/totals_v1.sql"]
+    assert adders == ["cleanup/outbox/events.py", "cleanup/sql/totals_v1.sql",
+                      "cleanup/sql/wal_v1.sql"]
 
 
 def test_the_ledgers_functions_have_one_caller_and_the_sql_files_define_them_all():
