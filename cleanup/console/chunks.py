@@ -97,7 +97,9 @@ class ChunkAdmin(LedgerAdmin):
                     "session")
         if chunk.committed_at is None:
             return "-"
-        return "unknown: not measured when it committed"
+        return ("unknown: not measured when it committed (behind a transaction pooler, its "
+                "transaction ran on another server connection than its delivery's start; or "
+                "the reading failed, as the worker's log says)")
 
     wal_written.help_text = (
         "The WAL its committing transaction wrote: its statement, the rows' indexes and "

@@ -66,7 +66,7 @@ _COMMITTED_THEN_OPEN = (
     "CASE WHEN done THEN cleanup_wal_mark_v1() END "
     "FROM (SELECT cleanup_chunk_committed_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s) AS done) "
     "AS committed")
-_WAL = "SELECT cleanup_chunk_wal_v1(%s, %s::jsonb, %s)"
+_WAL = "SELECT cleanup_chunk_wal_v1(%s, %s::jsonb, %s::jsonb, %s)"
 _NOOP = "SELECT cleanup_chunk_noop_v1(%s, %s, %s, %s, %s)"
 _RETRYING = "SELECT cleanup_chunk_retrying_v1(%s, %s, %s, %s, %s, %s)"
 _DEAD_LETTERED = "SELECT cleanup_chunk_dead_lettered_v1(%s, %s, %s, %s, %s, %s, %s)"
@@ -132,11 +132,13 @@ def to_committed(chunk: Chunk, *, deleted: int, retries: int, elapsed: float,
     return Committed(done, _opened(opened) if opened else None, wal_mark)
 
 
-def record_wal(chunk: Chunk, wal_mark: str, lock_ms: int) -> int | None:
-    """Keep on the committed chunk the WAL its transaction wrote (``to_committed``'s
-    ``wal_mark``), read after its commit; None where it cannot be told. Its own write
-    waits for a lock at most ``lock_ms``."""
-    return _call(_WAL, chunk.pk, wal_mark, lock_ms)
+def record_wal(chunk: Chunk, started: str, committed: str, lock_ms: int) -> int | None:
+    """Keep on the committed chunk the WAL its transaction wrote, read after its commit
+    from the marks of its delivery's start (``start_delivery``'s) and of its commit
+    (``to_committed``'s); None where it cannot be told, a transaction that ran on
+    another server connection than its start's among them. Its own write waits for a
+    lock at most ``lock_ms``."""
+    return _call(_WAL, chunk.pk, started, committed, lock_ms)
 
 
 def open_top_up(policy_name: str, window: int, latest: int, lock_ms: int) -> dict:
@@ -192,14 +194,18 @@ def start_delivery(run_id, chunk_id: int, *, received_at: datetime | None, worke
     worker leaves its trace. ``received_at`` None for a message too malformed to be
     delivered; ``lock_ms`` bounds the wait for the chunk's lock. Returns the chunk (with
     its run) as it was before the count, and the delivery's number; None if the run has
-    no such chunk."""
-    started = _call(_START, run_id, chunk_id, worker, received_at,
-                    timezone.now(), lock_ms, HISTORY_KEPT)
+    no such chunk. The chunk's ``wal_mark`` is the start's session and its WAL so far,
+    where the server counts it (``record_wal``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_START, [run_id, chunk_id, worker, received_at, timezone.now(),
+                                lock_ms, HISTORY_KEPT])
+        started, wal_mark = cursor.fetchone()
     if started is None:
         return None
     started = json.loads(started)  # Django reads jsonb as text
     chunk = _loaded(Chunk, started["chunk"])
     chunk.run = _loaded(Run, started["run"])
+    chunk.wal_mark = wal_mark
     return chunk, started["delivery"]
 
 

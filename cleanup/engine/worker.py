@@ -205,12 +205,18 @@ def _apply(chunk: Chunk, message: ChunkMessage, policy: Policy, retries: int,
 def _record_wal(chunk: Chunk, committed: transitions.Committed | None) -> int | None:
     """Keep the WAL the chunk's transaction wrote, where the server counted it for the
     session (cleanup/sql/wal_v1.sql): read after the commit, in a statement of its own.
-    None where it is unknown. The outcome has committed: whatever happens here is
-    logged, and changes nothing of it."""
-    if not committed or committed.wal_mark is None or connection.in_atomic_block:
+    None where it is unknown: no counters, or a transaction pooler that ran the chunk's
+    transaction on another server connection than its start's. The outcome has
+    committed: whatever happens here is logged, and changes nothing of it."""
+    started = getattr(chunk, "wal_mark", None)
+    if (not committed or committed.wal_mark is None or started is None
+            or connection.in_atomic_block):
         return None  # (in a caller's transaction nothing has committed, nor flushed)
+    if json.loads(started)["pid"] != json.loads(committed.wal_mark)["pid"]:
+        return None
     try:
-        return transitions.record_wal(chunk, committed.wal_mark, conf.LOCK_TIMEOUT_MS)
+        return transitions.record_wal(chunk, started, committed.wal_mark,
+                                      conf.LOCK_TIMEOUT_MS)
     except DatabaseError as exc:
         _reset_broken_connection()
         log.warning("chunk WAL not recorded", **transitions.chunk_fields(chunk),

@@ -10,7 +10,7 @@ DROP_WAL_V1 = """
 DROP TRIGGER IF EXISTS cleanup_count_chunk_wal_v1 ON cleanup_chunk;
 DROP FUNCTION IF EXISTS
     cleanup_wal_mark_v1(),
-    cleanup_chunk_wal_v1(bigint, jsonb, integer),
+    cleanup_chunk_wal_v1(bigint, jsonb, jsonb, integer),
     cleanup_count_chunk_wal_v1();
 """
 

@@ -10,9 +10,10 @@
 -- after the start) and has its own WAL flushed as it commits; a statement after the
 -- commit reads the counter again and keeps the difference on the chunk
 -- (``cleanup_chunk_wal_v1``). On a connection of its own the figure is exact. Behind a
--- transaction pooler the chunk's server connection may have served another client just
--- before, and WAL that client wrote within the second before, not flushed yet, is
--- counted too (docs/performance.md, *A chunk's WAL*).
+-- transaction pooler a server connection serves other clients between a client's
+-- transactions, and what they wrote and did not flush yet would be counted with the
+-- chunk: the figure is kept only where the start, the chunk's transaction and the
+-- reading ran on one session (docs/performance.md, *A chunk's WAL*).
 --
 -- Versioned like the ledger's functions (delivery_v1.sql).
 
@@ -30,25 +31,33 @@ BEGIN
 END
 $$;
 
--- The WAL written since ``mark`` by the session it names, kept on the chunk ``of_chunk``
--- once it committed (a chunk commits once; a figure kept stays). Null, and nothing
--- kept, where it cannot be told: no mark, a session gone, or counters that went back
--- (reset, or a new session under the same pid). Its own write waits for a lock at most
--- ``lock_ms`` and does not wait for its flush: it is a figure, not an outcome.
-CREATE OR REPLACE FUNCTION cleanup_chunk_wal_v1(of_chunk bigint, mark jsonb, lock_ms integer)
+-- The WAL written by the chunk ``of_chunk``'s transaction, kept on it once it committed
+-- (a chunk commits once; a figure kept stays): the counter of the session ``committed``
+-- names (the transaction's mark, as flushed before it) read again after its commit.
+-- Null, and nothing kept, where it cannot be told: no marks, marks of two sessions
+-- (``started``, the delivery's start's, is another), a reading from another session
+-- than theirs (behind a transaction pooler the chunk's may be serving another client
+-- now, whose WAL its counters would soon hold), a session gone, counters that went
+-- back (reset, or a new session under the same pid). Its own write waits for a lock at
+-- most ``lock_ms`` and does not wait for its flush: it is a figure, not an outcome.
+CREATE OR REPLACE FUNCTION cleanup_chunk_wal_v1(
+    of_chunk bigint, started jsonb, committed jsonb, lock_ms integer)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     written numeric;
 BEGIN
     IF current_setting('server_version_num')::integer < 180000
-            OR jsonb_typeof(mark -> 'pid') IS DISTINCT FROM 'number'
-            OR jsonb_typeof(mark -> 'bytes') IS DISTINCT FROM 'number' THEN
+            OR jsonb_typeof(started -> 'pid') IS DISTINCT FROM 'number'
+            OR jsonb_typeof(committed -> 'pid') IS DISTINCT FROM 'number'
+            OR jsonb_typeof(committed -> 'bytes') IS DISTINCT FROM 'number'
+            OR started -> 'pid' <> committed -> 'pid'
+            OR committed -> 'pid' <> to_jsonb(pg_backend_pid()) THEN
         RETURN NULL;
     END IF;
     PERFORM set_config('lock_timeout', lock_ms || 'ms', true),
             set_config('synchronous_commit', 'off', true);
-    SELECT wal.wal_bytes - (mark ->> 'bytes')::numeric INTO written
-    FROM pg_stat_get_backend_wal((mark ->> 'pid')::integer) AS wal;
+    SELECT wal.wal_bytes - (committed ->> 'bytes')::numeric INTO written
+    FROM pg_stat_get_backend_wal(pg_backend_pid()) AS wal;
     IF written IS NULL OR written < 0 OR written > 9e18 THEN
         RETURN NULL;
     END IF;
