@@ -14,11 +14,13 @@ hands between one client's transactions; ``session_level_locks`` and
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -54,23 +56,50 @@ def binary() -> str | None:
     return None
 
 
-def unavailable() -> str | None:
-    """Say why PgBouncer cannot start on this machine, or return None when it can."""
+def unavailable(upstream_host: str = HOST) -> str | None:
+    """Say why PgBouncer cannot start on this machine, or cannot reach the server at
+    ``upstream_host`` (an address, or a socket's folder); None when it can."""
     if binary() is None:
         return "pgbouncer is not installed (Debian package pgbouncer)"
     if os.geteuid() == 0:
         try:
-            pwd.getpwnam(OS_USER)
+            user = pwd.getpwnam(OS_USER)
         except KeyError:
             return f"pgbouncer refuses to run as root and there is no {OS_USER!r} OS user"
+        if upstream_host.startswith("/") and not _enterable(upstream_host, user):
+            # The embedded server's socket sits in its data folder, 0700 to its own user.
+            return (f"pgbouncer runs as the {OS_USER!r} OS user, which cannot enter the "
+                    f"server's socket folder {upstream_host}: run the pooler tests against a "
+                    "server on TCP (DATABASE_URL), as CI does")
     return None
 
 
-def skip_or_fail() -> None:
+def _enterable(folder: str, user: pwd.struct_passwd) -> bool:
+    """Whether ``user`` may pass through ``folder`` and each folder above it."""
+    groups = {user.pw_gid, *(group.gr_gid for group in grp.getgrall()
+                              if user.pw_name in group.gr_mem)}
+    path = Path(folder)
+    for step in (path, *path.parents):
+        try:
+            status = step.stat()
+        except OSError:
+            return False
+        if status.st_uid == user.pw_uid:
+            allowed = status.st_mode & stat.S_IXUSR
+        elif status.st_gid in groups:
+            allowed = status.st_mode & stat.S_IXGRP
+        else:
+            allowed = status.st_mode & stat.S_IXOTH
+        if not allowed:
+            return False
+    return True
+
+
+def skip_or_fail(upstream_host: str = HOST) -> None:
     """Skip the calling test where PgBouncer cannot run; fail instead under CI."""
     import pytest
 
-    reason = unavailable()
+    reason = unavailable(upstream_host)
     if reason is None:
         return
     if os.environ.get("CI") == "true":
@@ -283,11 +312,11 @@ class Pooler:
 @contextmanager
 def started(settings_dict: Mapping[str, Any] | None = None, **options: Any) -> Iterator[Pooler]:
     """Run a pooler in front of the tests' database (skipping, or failing under CI, without one)."""
-    skip_or_fail()
     if settings_dict is None:
         from django.db import connection
 
         settings_dict = connection.settings_dict
+    skip_or_fail(settings_dict.get("HOST") or HOST)
     with Pooler.for_database(settings_dict, **options) as pooler:
         yield pooler
 
