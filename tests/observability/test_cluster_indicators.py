@@ -9,6 +9,7 @@ transaction=True: the cluster connects on its own and must see what the test com
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -41,12 +42,19 @@ CLEANUP_CHUNK_BUDGET_MS = 0  # chunks of 500: many of them, a few at a time
 """
 
 
+def say(answer, word: str) -> None:
+    """Set the indicator's word in one step: a worker reading the file as it is
+    rewritten in place can find it empty (CI saw "answer failed: KeyError: ''")."""
+    fresh = answer.with_name("answer.new")
+    fresh.write_text(word)
+    os.replace(fresh, answer)
+
+
 @pytest.fixture
 def indicator(tmp_path, settings, monkeypatch):
-    """The indicator's answer, set by writing its word; the cluster and this process
-    both read it."""
+    """The indicator's answer, set by `say`; the cluster and this process both read it."""
     answer = tmp_path / "answer"
-    answer.write_text("ok")
+    say(answer, "ok")
     monkeypatch.setenv("HOSTILE_ANSWER_FILE", str(answer))
     settings.CLEANUP_PRESSURE_INDICATORS = [INDICATOR]
     settings.CLEANUP_PRESSURE_CHECK_SECONDS = 0
@@ -107,7 +115,7 @@ def test_a_hostile_answer_in_a_running_cluster_holds_with_a_reason_then_lets_go(
     run = dispatch(EXPIRE_HOLDS).run
     wait_for(lambda: committed(run) >= 4, timeout=60, what="the run to be under way")
 
-    indicator.write_text(word)
+    say(indicator, word)
     halt = wait_for(open_halt, timeout=60, what="the policy to halt")
     planned = planning_stopped(run)
     halt.refresh_from_db()
@@ -118,7 +126,7 @@ def test_a_hostile_answer_in_a_running_cluster_holds_with_a_reason_then_lets_go(
     assert value(scrape(client), "cleanup_policy_held", policy=EXPIRE_HOLDS,
                  reason=reason) == 1
 
-    indicator.write_text("ok")
+    say(indicator, "ok")
     wait_for(lambda: Run.objects.get(pk=run.pk).state == Run.State.COMPLETED, timeout=120,
              what="the run to go on by itself and complete")
     assert open_halt() is None
@@ -132,7 +140,7 @@ def test_a_slow_indicator_holds_and_never_makes_a_learner_wait(cluster, indicato
     run = dispatch(EXPIRE_HOLDS).run
     wait_for(lambda: committed(run) >= 4, timeout=60, what="the run to be under way")
 
-    indicator.write_text("slow")  # 3 s an answer, read before each chunk's transaction
+    say(indicator, "slow")  # 3 s an answer, read before each chunk's transaction
     waits, stop = [], threading.Event()
 
     def learner():
@@ -165,7 +173,7 @@ def test_a_slow_indicator_holds_and_never_makes_a_learner_wait(cluster, indicato
     print(f"\n{len(waits)} renewals while the indicator took 3 s: slowest {max(waits):.3f} s")
     assert waits and max(waits) < 1.0
 
-    indicator.write_text("ok")
+    say(indicator, "ok")
     wait_for(lambda: Run.objects.get(pk=run.pk).state == Run.State.COMPLETED, timeout=120,
              what="the run to complete once the indicator answers in time")
     assert "Traceback" not in cluster.read_text()
