@@ -21,6 +21,7 @@ from cleanup.engine.dispatch import dispatch
 from cleanup.engine.reconcile import reconcile
 from cleanup.engine.replay import replay
 from cleanup.engine.transport import queue_shares_transaction
+from cleanup.exceptions import CleanupError
 from cleanup.models import Chunk, Run, WorkerHeartbeat
 from cleanup.policies import get_policy, register_policy
 from config.devtools.processes import Cluster
@@ -218,7 +219,9 @@ def _deliver_every_chunk_twice(replayed: set, since) -> int:
 
     With Redis, a message taken by a worker the soak killed is gone, and its chunk being
     finished, the reconciler does not send it again: such a run is replayed once more.
-    Returns how many runs were.
+    A replay refuses a run whose re-sent chunk is still unfinished (a dead letter the
+    first replay reopened, whose message was lost): the reconciler re-sends that one,
+    as an operator's would. Returns how many runs were replayed again.
     """
     _replay_finished(replayed, since)
     again = 0
@@ -230,9 +233,13 @@ def _deliver_every_chunk_twice(replayed: set, since) -> int:
                 return again
             if count != left:
                 left, still_since = count, time.monotonic()
+            reconcile()
             time.sleep(0.5)
         for run_id in set(_short_of_two(since).values_list("run_id", flat=True)):
-            replay(run_id)
+            try:
+                replay(run_id)
+            except CleanupError:
+                continue  # refused, nothing sent: still in flight, the reconciler's
             again += 1
     return again
 
