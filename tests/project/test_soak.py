@@ -11,11 +11,12 @@ import importlib
 import json
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 import redis
 
-from config.devtools.soak import runner
+from config.devtools.soak import faults, publishers, runner
 from tests.conftest import ROOT, subprocess_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.soak]
@@ -39,6 +40,9 @@ def test_short_soak_with_the_orm_broker():
     report = soak()
     assert report["broker"] == "orm"
     figures = report["figures"]
+    # --duration 30, and at most as long again while a fault kind is short of its hits
+    # (each turn of the loop sleeps up to 2 s).
+    assert 30 <= figures["soaked_seconds"] <= 64
     assert figures["renewed_or_confirmed_then_deleted"] == 0
     assert figures["holds_deleted_ledger"] == figures["holds_actually_gone"] > 0
     assert report["traffic"]["renewed"] > 0 and report["traffic"]["confirmed"] > 0
@@ -91,6 +95,14 @@ def test_short_soak_with_the_redis_broker():
     assert report["figures"]["chunks_reconciled"] >= 1
     assert report["figures"]["reminders"]["sent_while_soaking"] > 0
     redis.from_url(url).flushdb()
+
+
+def test_a_soak_goes_on_only_while_a_fault_kind_caught_in_flight_is_short():
+    hits = Counter({kind: 2 for kind in (*faults.KINDS, *publishers.KINDS)})
+    assert runner._short_of(hits, 2) == []
+    hits[faults.TERMINATE_BACKEND] = 1
+    hits[faults.CLUSTER_RESTART] = hits[faults.POISON] = 0  # the soak's own, once each
+    assert runner._short_of(hits, 2) == [faults.TERMINATE_BACKEND]
 
 
 def test_the_soak_runs_with_the_settings_of_its_clusters():

@@ -19,7 +19,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument("--duration", type=float, default=60, help="Seconds of faults.")
         parser.add_argument("--min-faults", type=int, default=2,
-                            help="Minimum hits of each fault kind for the soak to pass.")
+                            help="Minimum hits of each fault kind for the soak to pass; "
+                                 "traffic and faults go on past --duration, at most as "
+                                 "long again, until each kind hit that often.")
         parser.add_argument("--seed", type=int, default=1,
                             help="Random seed of the traffic and the faults (default 1).")
         add_wipe_arguments(parser)
@@ -34,7 +36,9 @@ class Command(BaseCommand):
         write_report(self, report, options, table=self.table, failed="a soak check failed")
 
     def table(self, report) -> str:
-        lines = ["", f"Soak with the {report.broker} broker for {report.duration:.0f} s", ""]
+        soaked = report.figures["soaked_seconds"]
+        lines = ["", f"Soak with the {report.broker} broker for {soaked:.0f} s "
+                 f"(--duration {report.duration:.0f})", ""]
         lines += ["Faults that hit work in flight:"]
         lines += [f"  {kind:<32}{n:>6}" for kind, n in report.faults.items()]
         lines += ["", f"Runs by state:   {report.runs}", f"Chunks by state: {report.chunks}",
