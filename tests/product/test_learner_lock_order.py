@@ -292,6 +292,16 @@ class Deadlocks:
     def __init__(self):
         self.others: list[tuple[threading.Thread, psycopg.Connection]] = []
 
+    def settled(self) -> None:
+        """Wait until the other connections of earlier attempts have let go: each takes
+        section ``first`` once the lost transaction rolled back, then rolls back. The
+        next attempt may lock ``first`` before one of them does (CI saw it); then the
+        other holds ``second``, waits for this transaction, and the next ``lose_one``
+        waits for it in this thread, which no server can see as a deadlock."""
+        for waiter, _ in self.others:
+            waiter.join(15)
+            assert not waiter.is_alive(), "the other connection never took its lock"
+
     def lose_one(self, first: int, second: int) -> None:
         """Lock section ``first``, then ``second``, which another connection holds while
         it waits for ``first``. The server rolls this transaction back: the other looks
@@ -299,6 +309,7 @@ class Deadlocks:
         locked_sections().get(pk=first)
         other = psycopg.connect(database_url())
         other.execute("SET deadlock_timeout = '10s'")
+        other.execute("SET lock_timeout = '30s'")  # a failure, never a hang
         other.execute(LOCK_SECTION, [second])
 
         def wait_for_first():
@@ -331,6 +342,7 @@ def test_a_learner_transaction_that_deadlocks_is_tried_again_once_and_goes_throu
 
     @learner_transaction
     def rename(section_id: int, title: str) -> str:
+        deadlocks.settled()
         attempts.append(section_id)
         Section.objects.filter(pk=section_id).update(title=title)
         if len(attempts) == 1:
@@ -353,6 +365,7 @@ def test_a_learner_transaction_that_deadlocks_twice_is_refused_busy_with_nothing
 
     @learner_transaction
     def rename(section_id: int, title: str) -> str:
+        deadlocks.settled()
         attempts.append(section_id)
         Section.objects.filter(pk=section_id).update(title=title)
         deadlocks.lose_one(first.pk, second.pk)
